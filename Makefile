@@ -1,0 +1,34 @@
+# Everything a fresh machine needs, in order. `make demo` and `make test` install first.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install demo test test-fast lint bench render clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	bash scripts/install.sh $(PY) $(VENV)
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/rayscale demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check rayscale tests bench
+	$(BIN)/mypy
+
+render: install
+	$(BIN)/rayscale render --out .
+
+bench: install
+	$(BIN)/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

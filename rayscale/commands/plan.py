@@ -1,0 +1,67 @@
+"""`rayscale plan`: what the core would decide for a load snapshot, as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_catalog_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", help="models YAML (default: the shipped catalog)")
+    p.add_argument("--flavors", help="flavors YAML (default: the shipped catalog)")
+    p.add_argument("--profiles", help="profiles YAML (default: the shipped catalog)")
+    p.add_argument("--model", dest="only_models", action="append", help="restrict to this model (repeatable)")
+    p.add_argument("--flavor", dest="only_flavors", action="append", help="restrict to this flavor (repeatable)")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("plan", help="print the plan for a load snapshot (LOAD.yaml)",
+                       description="Estimate demand and plan replicas per (model, flavor) for a load snapshot.")
+    add_catalog_args(p)
+    p.add_argument("--load", required=True, help="LOAD.yaml: per-model rates, current replicas, back-offs")
+    p.add_argument("--solver", choices=["auto", "exact", "greedy"], default="auto")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rayscale.config import load_catalog, load_loadfile
+    from rayscale.core.catalog import CatalogError
+    from rayscale.core.estimate import estimate
+    from rayscale.core.plan import PlannerSettings, plan
+    from rayscale.tables import format_table
+
+    try:
+        cat = load_catalog(args.models, args.flavors, args.profiles)
+        load = load_loadfile(args.load)
+        unknown = sorted(set(load.models) - set(cat.models))
+        if unknown:
+            raise CatalogError(f"{args.load}: models: unknown model(s) {unknown}; allowed: {sorted(cat.models)}")
+        if args.only_models or args.only_flavors:
+            cat = cat.subset(args.only_models, args.only_flavors)
+    except CatalogError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    demands = estimate(cat, load.signals())
+    result, _ = plan(cat, demands, load.current_map(), load.unavailable_map(), load.now_s,
+                     settings=PlannerSettings(solver=args.solver))
+    if args.json:
+        out = result.to_dict()
+        out["demand"] = {m: {"state": d.state.value, "rps": round(d.rps, 4), "reason": d.reason}
+                         for m, d in demands.items()}
+        print(json.dumps(out, indent=2))
+        return 0
+    rows = [
+        [e.model, e.flavor, e.capacity_type, f"{e.current}->{e.replicas}" if e.current != e.replicas else e.replicas,
+         f"{e.replicas}x {e.gang.nodes}x{e.gang.instance_type}", e.nodes, f"{e.usd_per_h:.2f}", e.reason]
+        for e in result.entries
+    ]
+    print(format_table(["model", "flavor", "capacity", "replicas", "gangs", "nodes", "$/h", "reason"], rows))
+    print(f"\ntotal ${result.usd_per_h:.2f}/h  solver={result.method}")
+    for s in result.shortfalls:
+        print(f"SHORTFALL {s.model}: {s.unmet_rps:.2f} req/s unmet: {s.reason}")
+    for n in result.notes:
+        print(f"note: {n}")
+    return 0

@@ -1,0 +1,160 @@
+"""Estimate: signals -> the capacity each model needs, and what one replica on each flavor delivers.
+
+Capacity is counted in requests per second of the model's current request mix. One replica on a flavor
+runs a batch of b sequences; prefill of new requests interleaves with decode (chunked prefill), so the
+time per output token a sequence sees is
+
+    TPOT(b) = alpha + beta*b + b*P/(R*O)
+
+(P, O: prompt and output tokens per request, R: prefill tokens/s), and by Little's law it completes
+lambda(b) = b / (O * TPOT(b)) requests per second. The largest b that meets the TPOT SLO (and fits KV
+cache and max_num_seqs) gives the replica's capacity; a target utilisation below 1 leaves the queueing
+headroom that keeps TTFT p95 inside its SLO. Profiles are corrected by observed/predicted latency
+(as NVIDIA Dynamo's planner does), smoothed and clamped so one bad window cannot swing the plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from rayscale.core.catalog import SLO, Catalog, Profile
+from rayscale.core.forecast import Forecaster, last_value
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Multipliers on predicted latency for one (model, flavor): observed / predicted, smoothed."""
+
+    ttft: float = 1.0
+    tpot: float = 1.0
+
+    def updated(self, observed_ttft: float | None, predicted_ttft: float, observed_tpot: float | None,
+                predicted_tpot: float, smoothing: float = 0.3, lo: float = 0.5, hi: float = 3.0) -> Correction:
+        def step(old: float, obs: float | None, pred: float) -> float:
+            if obs is None or pred <= 0 or obs <= 0:
+                return old
+            ratio = min(hi, max(lo, obs / pred))
+            return (1 - smoothing) * old + smoothing * ratio
+
+        return Correction(step(self.ttft, observed_ttft, predicted_ttft),
+                          step(self.tpot, observed_tpot, predicted_tpot))
+
+
+@dataclass(frozen=True)
+class ReplicaCapacity:
+    flavor: str
+    rps: float  # requests/s one replica serves within the SLO at the target utilisation; 0 if infeasible
+    batch: int  # sequences it runs at that load
+    tpot_s: float
+    ttft_floor_s: float  # TTFT of the p95 prompt with no queue
+    reason: str = ""  # why infeasible, when rps == 0
+
+    @property
+    def feasible(self) -> bool:
+        return self.rps > 0
+
+
+def tpot_at(profile: Profile, batch: float, mix: RequestMix, corr: Correction = Correction()) -> float:
+    p, o, r = mix.prompt_mean, max(mix.output_mean, 1.0), profile.prefill_tokens_per_s
+    return corr.tpot * (profile.itl_s(batch) + batch * p / (r * o))
+
+
+def replica_capacity(profile: Profile, slo: SLO, mix: RequestMix, corr: Correction = Correction(),
+                     target_utilization: float = 0.8) -> ReplicaCapacity:
+    p, o, r = mix.prompt_mean, max(mix.output_mean, 1.0), profile.prefill_tokens_per_s
+    ttft_floor = corr.ttft * profile.ttft_s(mix.prompt_p95)
+    if ttft_floor > slo.ttft_p95_s:
+        return ReplicaCapacity(profile.flavor, 0.0, 0, 0.0, ttft_floor,
+                               f"p95 prompt ({mix.prompt_p95:.0f} tok) prefills in {ttft_floor:.2f}s "
+                               f"> TTFT SLO {slo.ttft_p95_s}s")
+    # Largest batch meeting TPOT: corr*(alpha + b*(beta + P/(R*O))) <= slo.
+    per_seq = profile.itl_beta_s + p / (r * o)
+    b_slo = math.floor((slo.tpot_p95_s / corr.tpot - profile.itl_alpha_s) / per_seq) if per_seq > 0 else 10**9
+    b_kv = math.floor(profile.kv_tokens / max(p + o, 1.0))
+    b = min(b_slo, b_kv, profile.max_num_seqs)
+    if b < 1:
+        why = "KV cache holds no whole request" if b_kv < 1 else (
+            f"inter-token latency {tpot_at(profile, 1, mix, corr):.3f}s at batch 1 > TPOT SLO {slo.tpot_p95_s}s")
+        return ReplicaCapacity(profile.flavor, 0.0, 0, 0.0, ttft_floor, why)
+    tpot = tpot_at(profile, b, mix, corr)
+    lam = b / (o * tpot)
+    return ReplicaCapacity(profile.flavor, lam * target_utilization, b, tpot, ttft_floor)
+
+
+class DemandState(StrEnum):
+    OK = "ok"
+    HOLD = "hold"  # signals stale or missing: keep what runs, never scale down on no data
+
+
+@dataclass(frozen=True)
+class Demand:
+    model: str
+    state: DemandState
+    rps: float  # capacity to provision (req/s of this model's mix); meaningless when HOLD
+    mix: RequestMix
+    capacity: dict[str, ReplicaCapacity] = field(default_factory=dict)  # per flavor
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class EstimateSettings:
+    target_utilization: float = 0.8
+    backlog_drain_s: float = 30.0  # queued requests are cleared within this, on top of arrivals
+    headroom: float = 0.0  # extra fraction of demand to provision
+
+
+def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
+             corrections: dict[tuple[str, str], Correction] | None = None,
+             forecaster: Forecaster = last_value, settings: EstimateSettings = EstimateSettings(),
+             ) -> dict[str, Demand]:
+    """Demand per catalog model. A model with no usable signals gets state HOLD with the reason."""
+    corrections = corrections or {}
+    out: dict[str, Demand] = {}
+    for name, spec in catalog.models.items():
+        sig = signals.get(name)
+        mix = (sig.mix if sig and sig.mix else None) or RequestMix.default()
+        caps = {
+            f: replica_capacity(catalog.profile(name, f), spec.slo, mix,
+                                corrections.get((name, f), Correction()), settings.target_utilization)
+            for f in spec.parallelism
+        }
+        if sig is None or not sig.usable:
+            fresh = sig.freshness if sig else Freshness.MISSING
+            age = f" (last sample {sig.age_s:.0f}s ago)" if sig and sig.age_s is not None else ""
+            out[name] = Demand(name, DemandState.HOLD, 0.0, mix, caps, f"signals {fresh.value}{age}: holding capacity")
+            continue
+        assert sig.arrival_rate_rps is not None
+        rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
+        backlog = (sig.waiting or 0.0) / settings.backlog_drain_s
+        rps = (rate + backlog) * (1.0 + settings.headroom)
+        why = f"{sig.arrival_rate_rps:.2f} req/s observed"
+        if rate > sig.arrival_rate_rps + 1e-9:
+            why += f", {rate:.2f} forecast"
+        if backlog > 0:
+            why += f", {sig.waiting:.0f} queued"
+        out[name] = Demand(name, DemandState.OK, rps, mix, caps, why)
+    return out
+
+
+def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
+                       previous: dict[tuple[str, str], Correction]) -> dict[tuple[str, str], Correction]:
+    """New corrections from observed latency per (model, flavor); unobserved pairs keep theirs."""
+    out = dict(previous)
+    for name, sig in signals.items():
+        if name not in catalog.models or not sig.usable or sig.mix is None:
+            continue
+        for flavor, obs in sig.per_flavor.items():
+            if flavor not in catalog.models[name].parallelism or obs.replicas <= 0:
+                continue
+            prof = catalog.profile(name, flavor)
+            mix = replace(sig.mix, prompt_mean=obs.prompt_mean or sig.mix.prompt_mean)
+            batch = obs.running_per_replica if obs.running_per_replica is not None else 1.0
+            old = previous.get((name, flavor), Correction())
+            out[(name, flavor)] = old.updated(
+                obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95),
+                obs.tpot_p95_s, tpot_at(prof, max(batch, 1.0), mix),
+            )
+    return out

@@ -1,0 +1,78 @@
+"""Gangs: the set of nodes one replica needs, provisioned and released as one unit.
+
+Tensor parallelism stays inside a node (NVLink / NeuronLink); pipeline stages may span nodes. A gang is
+always one instance type in one zone: TP=4 fits one g5.12xlarge, never four g5.xlarge; PP=2 x TP=8 is two
+p4d.24xlarge. Among the instance types that fit, the cheapest gang wins (fewest idle devices on a tie).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from rayscale.core.catalog import CapacityType, Catalog, Flavor, Parallelism
+
+
+class GangError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GangShape:
+    instance_type: str
+    nodes: int
+    devices_per_node: int  # devices each node contributes to the replica (<= the instance's devices)
+    tp: int
+    pp: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+def gang_options(flavor: Flavor, par: Parallelism) -> list[GangShape]:
+    """Every instance type of the flavor that can hold one replica, as a gang shape."""
+    out = []
+    for it in flavor.instance_types:
+        cores_per_node = it.devices * it.cores_per_device
+        if par.tp > cores_per_node:
+            continue  # a TP group never spans nodes
+        stages_per_node = cores_per_node // par.tp
+        nodes = math.ceil(par.pp / stages_per_node)
+        used_cores = par.tp * math.ceil(par.pp / nodes)
+        out.append(GangShape(it.name, nodes, math.ceil(used_cores / it.cores_per_device), par.tp, par.pp))
+    return out
+
+
+def gang_shape(catalog: Catalog, model: str, flavor: str,
+               capacity_type: CapacityType = CapacityType.ON_DEMAND) -> GangShape:
+    fl = catalog.flavors[flavor]
+    par = catalog.models[model].parallelism[flavor]
+    options = gang_options(fl, par)
+    if not options:
+        biggest = max(it.devices * it.cores_per_device for it in fl.instance_types)
+        raise GangError(f"{model} on {flavor}: tp={par.tp} needs {par.tp} devices in one node; "
+                        f"largest {flavor} instance has {biggest}")
+
+    def key(g: GangShape) -> tuple[float, int, str]:
+        it = fl.instance(g.instance_type)
+        idle = g.nodes * it.devices - g.devices
+        return (g.nodes * catalog.price(flavor, g.instance_type, capacity_type), idle, g.instance_type)
+
+    return min(options, key=key)
+
+
+def choose_zone(flavor: Flavor, capacity_type: CapacityType, unavailable: Iterable[tuple[str, str, str]],
+                taken: dict[str, int] | None = None) -> str | None:
+    """The zone for a new gang: the first available zone, preferring the one with fewest gangs already.
+
+    ``unavailable`` holds (flavor, zone, capacity_type) triples currently backed off after capacity errors.
+    Returns None when every zone is backed off.
+    """
+    blocked = {z for f, z, c in unavailable if f == flavor.name and c == capacity_type.value}
+    zones = [z for z in flavor.zones if z not in blocked]
+    if not zones:
+        return None
+    taken = taken or {}
+    return min(zones, key=lambda z: (taken.get(z, 0), flavor.zones.index(z)))

