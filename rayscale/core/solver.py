@@ -18,6 +18,10 @@ from scipy.sparse import coo_array
 from rayscale.core.catalog import CapacityType
 
 
+# Demand differences below this (req/s) are noise: not worth a replica, not reported as unmet.
+RPS_TOLERANCE = 1e-3
+
+
 @dataclass(frozen=True)
 class Offering:
     """One way to run a replica of a model: flavor, capacity type, the gang it needs and what it gives."""
@@ -59,29 +63,24 @@ class Solution:
     method: str
 
 
-def _penalties(p: Problem) -> dict[str, float]:
-    # Unmet demand must always cost more than any capacity, and a higher priority model's unmet demand
-    # more than any lower one's, so limits degrade the lowest priority first.
-    worst = max((o.usd_per_h / o.rps for o in p.offerings if o.rps > 0), default=1.0)
-    base = 10.0 * worst + 1.0
-    return {n.model: base * (4.0 ** n.priority) for n in p.needs}
-
-
 def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) -> Solution:
+    """MILP over replicas per offering, with unmet demand as slack.
+
+    When everything can be covered one solve suffices (cost only). When limits make some demand unmet,
+    the shortfall is settled lexicographically by priority, highest first (each level's unmet demand is
+    minimised and then fixed), and the cost is minimised last, so "which model degrades first" is strict
+    and never traded against dollars.
+    """
     offs = list(p.offerings)
     needs = list(p.needs)
     nx, nm = len(offs), len(needs)
     midx = {n.model: i for i, n in enumerate(needs)}
-    pen = _penalties(p)
     max_cap = max((o.rps for o in offs), default=1.0) or 1.0
-    # Variables: x (replicas per offering, integer), s (unmet rps per model), t (missing min replicas).
-    c = np.concatenate([
-        # Tie-break towards more capacity among equal-cost plans: keeps capacity monotone in demand.
-        np.array([o.usd_per_h - 1e-6 * o.rps / max_cap for o in offs]),
-        np.array([pen[n.model] for n in needs]),
-        np.array([pen[n.model] * 1e3 for n in needs]),
-    ])
-    nv = nx + 2 * nm
+    # Tie-break towards more capacity among equal-cost plans: keeps capacity monotone in demand.
+    cost = np.array([o.usd_per_h - 1e-6 * o.rps / max_cap for o in offs])
+    # Unmet demand below 1e-3 req/s is noise; above it, it must outweigh buying any replica.
+    big = 10.0 / RPS_TOLERANCE * max((o.usd_per_h for o in offs), default=1.0) + 1.0
+    nv = nx + 2 * nm  # x: replicas per offering (integer); s: unmet rps per model; t: missing min replicas
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -102,7 +101,7 @@ def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) ->
         by_model[midx[o.model]].append(j)
     for i, n in enumerate(needs):
         js = by_model[i]
-        row([(j, offs[j].rps) for j in js] + [(nx + i, 1.0)], n.rps, np.inf)
+        row([(j, offs[j].rps) for j in js] + [(nx + i, 1.0)], max(0.0, n.rps - RPS_TOLERANCE), np.inf)
         row([(j, 1.0) for j in js] + [(nx + nm + i, 1.0)], n.min_replicas, np.inf)
         row([(j, 1.0) for j in js], 0, n.max_replicas)
     for f, lim in p.device_limits.items():
@@ -119,16 +118,33 @@ def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) ->
             spot = [j for j in js if offs[j].capacity_type == CapacityType.SPOT]
             if spot:
                 row([(j, (1 - share) if j in spot else -share) for j in js], -np.inf, 0.0)
-    a = coo_array((vals, (rows, cols)), shape=(len(lo), nv)).tocsr()
     lb = np.concatenate([np.array([o.lb for o in offs], dtype=float), np.zeros(2 * nm)])
     ub = np.concatenate([np.array([o.ub for o in offs], dtype=float), np.full(2 * nm, np.inf)])
     integrality = np.concatenate([np.ones(nx), np.zeros(2 * nm)])
-    res = milp(c, constraints=LinearConstraint(a, lo, hi), bounds=Bounds(lb, ub), integrality=integrality,
-               options={"mip_rel_gap": rel_gap, "time_limit": time_limit_s, "presolve": True})
-    if res.x is None:
-        raise RuntimeError(f"MILP found no solution: {res.message}")
-    x = np.round(res.x[:nx]).astype(int)
-    counts = {j: int(v) for j, v in enumerate(x) if v > 0}
+
+    def run(c: np.ndarray) -> np.ndarray:
+        a = coo_array((vals, (rows, cols)), shape=(len(lo), nv)).tocsr()
+        res = milp(c, constraints=LinearConstraint(a, lo, hi), bounds=Bounds(lb, ub), integrality=integrality,
+                   options={"mip_rel_gap": rel_gap, "time_limit": time_limit_s, "presolve": True})
+        if res.x is None:
+            raise RuntimeError(f"MILP found no solution: {res.message}")
+        return np.asarray(res.x)
+
+    zeros_m = np.zeros(nm)
+    x = run(np.concatenate([cost, np.full(nm, big), np.full(nm, big * 1e3)]))
+    if x[nx:].max(initial=0.0) > RPS_TOLERANCE:
+        # Limits bind: settle shortfalls by priority, then cost.
+        for prio in sorted({n.priority for n in needs}, reverse=True):
+            level = [i for i, n in enumerate(needs) if n.priority == prio]
+            c = np.zeros(nv)
+            for i in level:
+                c[nx + i], c[nx + nm + i] = 1.0, 1e3
+            x = run(c)
+            for i in level:
+                ub[nx + i] = x[nx + i] + 1e-6
+                ub[nx + nm + i] = x[nx + nm + i] + 1e-6
+        x = run(np.concatenate([cost, zeros_m, zeros_m]))
+    counts = {j: int(v) for j, v in enumerate(np.round(x[:nx]).astype(int)) if v > 0}
     return _finish(p, counts, "exact")
 
 
@@ -139,7 +155,7 @@ def _finish(p: Problem, counts: dict[int, int], method: str) -> Solution:
         o = p.offerings[j]
         cap[o.model] += k * o.rps
         cost += k * o.usd_per_h
-    unmet = {n.model: n.rps - cap[n.model] for n in p.needs if cap[n.model] < n.rps - 1e-9}
+    unmet = {n.model: n.rps - cap[n.model] for n in p.needs if cap[n.model] < n.rps - RPS_TOLERANCE}
     return Solution(counts, unmet, cost, method)
 
 

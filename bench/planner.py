@@ -1,0 +1,117 @@
+"""Planner time per reconcile for 1, 10, 100, 1,000 models x 20 flavors, and the exact-vs-greedy cost gap.
+
+    .venv/bin/python -m bench.planner [--out bench/results/planner.md]
+
+Synthetic catalogs: 20 flavors (prices and speeds spread like the shipped ones, half with spot at a 50%
+share cap, device limits that bind at 1,000 models), every model allowed on 8-20 of them, demand
+0.5-40 req/s. Time is estimate + plan from scratch (no current replicas), median of repeated runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import statistics
+import time
+
+import scipy
+
+from rayscale.core.catalog import (
+    SLO,
+    CapacityType,
+    Catalog,
+    Flavor,
+    FlavorLimits,
+    InstanceType,
+    ModelSpec,
+    Parallelism,
+    Profile,
+    profile_key,
+)
+from rayscale.core.estimate import estimate
+from rayscale.core.plan import PlannerSettings, plan
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.tables import format_table
+
+
+def synthetic(n_models: int, n_flavors: int = 20, seed: int = 0) -> tuple[Catalog, dict[str, ModelSignals]]:
+    rnd = random.Random(seed)
+    flavors, profiles, models, signals = {}, {}, {}, {}
+    for i in range(n_flavors):
+        speed = rnd.uniform(0.5, 4.0)
+        spot = i % 2 == 0
+        flavors[f"f{i}"] = Flavor(
+            name=f"f{i}", accelerator="synthetic", kind="gpu", resource_name="nvidia.com/gpu",
+            instance_types=[
+                InstanceType(name=f"x{i}.1", devices=1, device_memory_gib=24, vcpu=4, memory_gib=16,
+                             on_demand_usd_per_h=round(0.8 * speed * rnd.uniform(0.8, 1.3), 3),
+                             price_source="nominal: synthetic"),
+                InstanceType(name=f"x{i}.4", devices=4, device_memory_gib=24, vcpu=48, memory_gib=192,
+                             on_demand_usd_per_h=round(3.4 * speed * rnd.uniform(0.8, 1.3), 3),
+                             price_source="nominal: synthetic"),
+            ],
+            capacity_types=[CapacityType.ON_DEMAND, CapacityType.SPOT] if spot else [CapacityType.ON_DEMAND],
+            spot_max_share=0.5 if spot else 0.0,
+            limits=FlavorLimits(devices=400),
+        )
+        for m in range(n_models):
+            profiles[profile_key(f"m{m}", f"f{i}")] = Profile(
+                model=f"m{m}", flavor=f"f{i}", prefill_tokens_per_s=4000 * speed, itl_alpha_s=0.035 / speed ** 0.5,
+                itl_beta_s=0.0005 / speed, kv_tokens=int(50000 * speed), startup_s=270, source="estimate: synthetic")
+    for m in range(n_models):
+        allowed = sorted(rnd.sample(range(n_flavors), rnd.randint(8, n_flavors)))
+        tp = rnd.choice([1, 1, 1, 2, 4])
+        models[f"m{m}"] = ModelSpec(name=f"m{m}", model=f"m{m}", slo=SLO(ttft_p95_s=2.0, tpot_p95_s=0.1),
+                                    parallelism={f"f{i}": Parallelism(tp=tp) for i in allowed},
+                                    priority=rnd.randint(0, 5), max_replicas=64)
+        mix = RequestMix(rnd.uniform(200, 2000), rnd.uniform(50, 400), 0)
+        mix = RequestMix(mix.prompt_mean, mix.output_mean, mix.prompt_mean * 3)
+        signals[f"m{m}"] = ModelSignals(f"m{m}", Freshness.FRESH, 1.0, rnd.uniform(0.5, 40.0), mix)
+    prof = {k: v for k, v in profiles.items() if k.split("/")[0] in models}
+    return Catalog(models=models, flavors=flavors, profiles=prof), signals
+
+
+def time_plan(cat: Catalog, sig: dict[str, ModelSignals], solver: str, repeat: int) -> tuple[float, float, int]:
+    times = []
+    cost, short = 0.0, 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        p, _ = plan(cat, estimate(cat, sig), settings=PlannerSettings(solver=solver))
+        times.append(time.perf_counter() - t)
+        cost, short = p.usd_per_h, len(p.shortfalls)
+    return statistics.median(times) * 1000, cost, short
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1,10,100,1000")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = []
+    for n in [int(x) for x in args.sizes.split(",")]:
+        cat, sig = synthetic(n)
+        repeat = 7 if n <= 100 else 3
+        auto_ms, _, _ = time_plan(cat, sig, "auto", repeat)
+        g_ms, g_cost, g_short = time_plan(cat, sig, "greedy", repeat)
+        e_ms, e_cost, e_short = time_plan(cat, sig, "exact", 1 if n >= 1000 else repeat)
+        gap = (g_cost - e_cost) / e_cost * 100 if e_cost else 0.0
+        p, _ = plan(cat, estimate(cat, sig))
+        rows.append([n, 20, p.method, round(auto_ms, 1), round(e_ms, 1), round(g_ms, 1), round(e_cost, 2),
+                     round(g_cost, 2), f"{gap:+.2f}%", f"{e_short}/{g_short}"])
+        print(f"{n} models done", flush=True)
+    table = format_table(["models", "flavors", "auto uses", "auto ms", "exact ms", "greedy ms", "exact $/h",
+                          "greedy $/h", "greedy gap", "shortfalls e/g"], rows)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("# Planner benchmark\n\n")
+            f.write("Command: `.venv/bin/python -m bench.planner --out bench/results/planner.md`\n\n")
+            f.write(f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores; Python "
+                    f"{platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n")
+            f.write("Time is one reconcile (estimate + plan) from scratch, median. Goal: 100 x 20 <= 50 ms, "
+                    "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Estimation: replica capacity from profiles and SLOs, corrections, and missing data held, never zero."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayscale.config import load_catalog
+from rayscale.core.catalog import SLO, Profile
+from rayscale.core.estimate import Correction, DemandState, estimate, replica_capacity, tpot_at, update_corrections
+from rayscale.core.forecast import TrendSeasonal, last_value
+from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
+
+PROF = Profile(model="m", flavor="f", prefill_tokens_per_s=5000, overhead_s=0.03, itl_alpha_s=0.03,
+               itl_beta_s=0.0005, max_num_seqs=256, kv_tokens=60000, startup_s=60, source="estimate: test")
+MIX = RequestMix(prompt_mean=1000, output_mean=200, prompt_p95=3000)
+
+
+def test_capacity_meets_tpot_slo_at_its_batch() -> None:
+    slo = SLO(ttft_p95_s=2.0, tpot_p95_s=0.1)
+    cap = replica_capacity(PROF, slo, MIX, target_utilization=1.0)
+    assert cap.feasible
+    assert tpot_at(PROF, cap.batch, MIX) <= slo.tpot_p95_s
+    assert tpot_at(PROF, cap.batch + 1, MIX) > slo.tpot_p95_s or cap.batch in (PROF.max_num_seqs, 60000 // 1200)
+    # Little's law: rps = batch / (output tokens x TPOT).
+    assert cap.rps == pytest.approx(cap.batch / (MIX.output_mean * cap.tpot_s))
+
+
+def test_looser_slo_and_faster_profile_give_more_capacity() -> None:
+    tight = replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.06), MIX)
+    loose = replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.12), MIX)
+    assert loose.rps > tight.rps > 0
+    slow = replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.1), MIX, Correction(tpot=1.5))
+    assert slow.rps < replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.1), MIX).rps
+
+
+def test_infeasible_flavors_say_why() -> None:
+    c = replica_capacity(PROF, SLO(ttft_p95_s=0.2, tpot_p95_s=0.1), MIX)
+    assert not c.feasible and "TTFT SLO" in c.reason
+    c = replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.02), MIX)
+    assert not c.feasible and "TPOT SLO" in c.reason
+    small_kv = PROF.model_copy(update={"kv_tokens": 500})
+    c = replica_capacity(small_kv, SLO(ttft_p95_s=2, tpot_p95_s=0.1), MIX)
+    assert not c.feasible and "KV" in c.reason
+
+
+@pytest.mark.parametrize("fresh", [Freshness.STALE, Freshness.MISSING])
+def test_stale_or_missing_signals_hold_never_zero(fresh: Freshness) -> None:
+    cat = load_catalog()
+    sig = {"mistral-7b": ModelSignals("mistral-7b", fresh, age_s=90.0 if fresh == Freshness.STALE else None)}
+    d = estimate(cat, sig)
+    assert d["mistral-7b"].state == DemandState.HOLD
+    assert fresh.value in d["mistral-7b"].reason
+    # A model with no signals at all is held as well.
+    assert d["qwen2-7b"].state == DemandState.HOLD
+
+
+def test_backlog_adds_to_demand_and_forecast_never_below_current() -> None:
+    cat = load_catalog()
+    base = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 4.0, MIX)
+    queued = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 4.0, MIX, waiting=60)
+    assert estimate(cat, {"mistral-7b": queued})["mistral-7b"].rps > estimate(cat, {"mistral-7b": base})["mistral-7b"].rps
+    rising = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert TrendSeasonal()(rising, 6.0) > 6.0
+    assert TrendSeasonal()([6.0, 5.0, 4.0, 3.0], 2.0) == 2.0
+    assert last_value(rising, 6.0) == 6.0
+    seasonal = TrendSeasonal(season=4, horizon=1)
+    hist = [1.0, 5.0, 1.0, 5.0] * 4
+    assert seasonal(hist[:-1], hist[-1]) >= hist[-1]
+
+
+def test_correction_tracks_observed_over_predicted_and_is_clamped() -> None:
+    cat = load_catalog()
+    prof = cat.profile("mistral-7b", "a10g")
+    pred = tpot_at(prof, 10, MIX)
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 4.0, MIX,
+                       per_flavor={"a10g": FlavorObservation(replicas=2, running_per_replica=10,
+                                                            tpot_p95_s=2 * pred)})
+    c = update_corrections(cat, {"mistral-7b": sig}, {})
+    assert c[("mistral-7b", "a10g")].tpot == pytest.approx(0.7 + 0.3 * 2.0)
+    for _ in range(50):
+        c = update_corrections(cat, {"mistral-7b": sig}, c)
+    assert c[("mistral-7b", "a10g")].tpot == pytest.approx(2.0, rel=1e-3)
+    wild = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 4.0, MIX,
+                        per_flavor={"a10g": FlavorObservation(replicas=2, running_per_replica=10,
+                                                             tpot_p95_s=100 * pred)})
+    c = {}
+    for _ in range(50):
+        c = update_corrections(cat, {"mistral-7b": wild}, c)
+    assert c[("mistral-7b", "a10g")].tpot <= 3.0

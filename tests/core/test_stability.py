@@ -1,0 +1,68 @@
+"""Stability: scale up at once, hold inside the band, scale down only after a delay and dwell."""
+
+from __future__ import annotations
+
+from rayscale.config import load_catalog
+from rayscale.core.estimate import estimate
+from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+
+MIX = RequestMix(900, 180, 2700)
+CAT = load_catalog().subset(["mistral-7b"], ["a10g"])
+SET = PlannerSettings(hysteresis_band=0.25, downscale_delay_s=120, min_dwell_s=60)
+
+
+def _step(rate: float | None, current: dict, now: float, mem: PlannerMemory):  # type: ignore[no-untyped-def]
+    sig = (ModelSignals("mistral-7b", Freshness.FRESH, 1.0, rate, MIX) if rate is not None
+           else ModelSignals("mistral-7b", Freshness.STALE, 60.0))
+    p, mem = plan(CAT, estimate(CAT, {"mistral-7b": sig}), current, now=now, memory=mem, settings=SET)
+    return p, p.target(), mem
+
+
+def test_scale_up_is_immediate_and_keeps_running_replicas() -> None:
+    cur = {("mistral-7b", "a10g", "on-demand"): 2}
+    p, tgt, mem = _step(20.0, cur, 0.0, PlannerMemory())
+    assert p.replicas("mistral-7b") > 2
+    assert tgt[("mistral-7b", "a10g", "on-demand")] >= 2  # only adds
+    assert all("scale up" in e.reason for e in p.entries)
+    assert mem.last_change_s["mistral-7b"] == 0.0
+
+
+def test_band_holds_then_downscale_waits_for_delay_and_dwell() -> None:
+    _, cur, mem = _step(10.0, {}, 0.0, PlannerMemory())
+    n = sum(cur.values())
+    # A small dip inside the band changes nothing.
+    p, tgt, mem = _step(9.0, cur, 10.0, mem)
+    assert tgt == cur and "steady" in p.entries[0].reason
+    # A deep dip: nothing happens until downscale_delay_s has passed.
+    for t in (20.0, 60.0, 130.0):
+        p, tgt, mem = _step(2.0, cur, t, mem)
+        assert tgt == cur, t
+        assert "scale-down waits" in p.entries[0].reason
+    p, tgt, mem = _step(2.0, cur, 141.0, mem)
+    assert sum(tgt.values()) < n and "scale down" in p.entries[0].reason
+    # Load returning resets the timer.
+    _, cur2, mem2 = _step(10.0, {}, 0.0, PlannerMemory())
+    _step(2.0, cur2, 20.0, mem2)
+    _, tgt3, mem3 = _step(10.0, cur2, 30.0, mem2)
+    assert "mistral-7b" not in mem3.below_since_s
+    _, tgt4, _ = _step(2.0, cur2, 145.0, mem3)
+    assert tgt4 == cur2
+
+
+def test_min_dwell_blocks_downscale_right_after_a_change() -> None:
+    _, cur, mem = _step(10.0, {}, 0.0, PlannerMemory())
+    mem = PlannerMemory(last_change_s={"mistral-7b": 500.0}, below_since_s={"mistral-7b": 0.0})
+    _, tgt, _ = _step(1.0, cur, 520.0, mem)
+    assert tgt == cur
+    _, tgt, _ = _step(1.0, cur, 561.0, mem)
+    assert sum(tgt.values()) < sum(cur.values())
+
+
+def test_stale_signals_never_scale_down() -> None:
+    cur = {("mistral-7b", "a10g", "on-demand"): 5}
+    mem = PlannerMemory(below_since_s={"mistral-7b": 0.0})
+    for t in (0.0, 500.0, 5000.0):
+        p, tgt, mem = _step(None, cur, t, mem)
+        assert tgt == cur
+        assert "stale" in p.entries[0].reason
