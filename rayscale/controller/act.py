@@ -1,0 +1,189 @@
+"""Act, decided purely: the plan's target and the observed world in, the actions to take out.
+
+Level-triggered and idempotent: the same world and target give the same actions, and a restarted
+controller that rebuilt its view from the cluster (ownership labels) decides the same thing again.
+Ordering rules (DESIGN.md): provision whole gangs first, then add Serve replicas; drain Serve replicas
+first, then release gangs that serve nothing. A gang not fully up within its launch timeout, or marked
+failed by the cloud (capacity error), is deleted whole and its (flavor, zone, capacity type) backed off,
+so the next plan falls back to another zone or flavor. Never an idle half gang.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from rayscale.core.catalog import CapacityType, Catalog
+from rayscale.core.gangs import choose_zone, gang_shape
+
+Key = tuple[str, str, str]  # (model, flavor, capacity type)
+
+
+class GangPhase(StrEnum):
+    PENDING = "pending"  # some member not up yet
+    READY = "ready"  # every member up and initialised
+    FAILED = "failed"  # the cloud gave up on a member (capacity error, deleted)
+
+
+@dataclass(frozen=True)
+class Gang:
+    """One replica's nodes as the actuator observes them (rebuilt from labels after a restart)."""
+
+    name: str
+    model: str
+    flavor: str
+    capacity_type: str
+    zone: str
+    instance_type: str
+    nodes: int
+    phase: GangPhase
+    created_s: float
+    serving: int = 0  # Serve replicas running on its nodes
+    reason: str = ""
+
+    @property
+    def key(self) -> Key:
+        return (self.model, self.flavor, self.capacity_type)
+
+
+@dataclass(frozen=True)
+class CreateGang:
+    name: str
+    model: str
+    flavor: str
+    capacity_type: str
+    zone: str
+    instance_type: str
+    nodes: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeleteGang:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SetReplicas:
+    model: str
+    flavor: str
+    replicas: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class BackOff:
+    flavor: str
+    zone: str
+    capacity_type: str
+    until_s: float
+    reason: str
+
+
+Action = CreateGang | DeleteGang | SetReplicas | BackOff
+
+
+@dataclass(frozen=True)
+class ActSettings:
+    launch_timeout_factor: float = 3.0  # a gang may take this x the flavor's node_startup_s to come up
+    backoff_s: float = 300.0
+
+
+def gang_name(model: str, flavor: str, capacity_type: str, index: int) -> str:
+    ct = "spot" if capacity_type == CapacityType.SPOT.value else "od"
+    return f"{model}-{flavor}-{ct}-{index}"
+
+
+def decide(
+    catalog: Catalog,
+    target: dict[Key, int],
+    gangs: list[Gang],
+    serve_target: dict[tuple[str, str], int],
+    serve_running: dict[tuple[str, str], int],
+    unavailable: dict[tuple[str, str, str], float],
+    now: float,
+    settings: ActSettings = ActSettings(),
+) -> list[Action]:
+    actions: list[Action] = []
+    backoffs = {k for k, until in unavailable.items() if until > now}
+    live: list[Gang] = []
+    for g in sorted(gangs, key=lambda g: g.name):
+        timeout = settings.launch_timeout_factor * catalog.flavors[g.flavor].node_startup_s \
+            if g.flavor in catalog.flavors else 0.0
+        stuck = g.phase == GangPhase.PENDING and now - g.created_s > timeout
+        if g.phase == GangPhase.FAILED or stuck:
+            why = g.reason or (f"not up after {now - g.created_s:.0f}s" if stuck else "failed")
+            actions.append(DeleteGang(g.name, f"partial gang: {why}; deleting all {g.nodes} nodes"))
+            zk = (g.flavor, g.zone, g.capacity_type)
+            if zk not in backoffs:
+                backoffs.add(zk)
+                actions.append(BackOff(*zk, now + settings.backoff_s, f"{g.name}: {why}"))
+        else:
+            live.append(g)
+
+    by_key: dict[Key, list[Gang]] = defaultdict(list)
+    for g in live:
+        by_key[g.key].append(g)
+    pending_models = {g.model for g in live if g.phase == GangPhase.PENDING}
+
+    # Up: whole gangs, deterministic names (lowest free index) so a retry after a crash is idempotent.
+    used_names = {g.name for g in gangs}
+    for key in sorted(set(target) | set(by_key)):
+        model, flavor, ct = key
+        want, have = target.get(key, 0), by_key.get(key, [])
+        if want <= len(have) or model not in catalog.models or flavor not in catalog.flavors:
+            continue
+        fl = catalog.flavors[flavor]
+        shape = gang_shape(catalog, model, flavor, CapacityType(ct))
+        taken: dict[str, int] = defaultdict(int)
+        for g in have:
+            taken[g.zone] += 1
+        i = 0
+        for _ in range(want - len(have)):
+            zone = choose_zone(fl, CapacityType(ct), backoffs, taken)
+            if zone is None:
+                break  # every zone backed off: the next plan moves this demand elsewhere
+            while gang_name(model, flavor, ct, i) in used_names:
+                i += 1
+            name = gang_name(model, flavor, ct, i)
+            used_names.add(name)
+            taken[zone] += 1
+            actions.append(CreateGang(name, model, flavor, ct, zone, shape.instance_type, shape.nodes,
+                                      f"plan wants {want} x {ct}, have {len(have)}"))
+            pending_models.add(model)
+
+    # Serve replicas per (model, flavor): only onto ready gangs; lowering drains before any release.
+    flavors_of: dict[tuple[str, str], list[Key]] = defaultdict(list)
+    for key in set(target) | set(by_key):
+        flavors_of[(key[0], key[1])].append(key)
+    for mf in sorted(set(flavors_of) | set(serve_target)):
+        keys = flavors_of.get(mf, [])
+        want = sum(target.get(k, 0) for k in keys)
+        ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
+        desired = min(want, ready)
+        cur = serve_target.get(mf, 0)
+        if desired > cur:
+            actions.append(SetReplicas(*mf, desired, f"{ready} gang(s) ready for {want} planned"))
+        elif desired < cur:
+            if mf[0] in pending_models:
+                continue  # make before break: keep serving until the model's new gangs are up
+            actions.append(SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}"))
+
+        # Down: release surplus gangs only once Serve runs no more than it should and they serve nothing.
+        running = serve_running.get(mf, 0)
+        for k in keys:
+            have = by_key.get(k, [])
+            surplus = len(have) - target.get(k, 0)
+            if surplus <= 0:
+                continue
+            # Pending gangs first (nothing runs there), then idle ready ones, newest first.
+            idle = [g for g in have if g.phase == GangPhase.PENDING] + sorted(
+                (g for g in have if g.phase == GangPhase.READY and g.serving == 0),
+                key=lambda g: (-g.created_s, g.name))
+            drained = running <= min(want, ready)
+            for g in idle[:surplus]:
+                if g.phase == GangPhase.PENDING or drained:
+                    actions.append(DeleteGang(g.name, f"plan wants {target.get(k, 0)} x {k[2]}; drained"))
+    return actions

@@ -1,0 +1,182 @@
+"""Windowed aggregation of engine metrics into the core's ModelSignals (pure: samples in, signals out).
+
+Input is a sequence of scrapes: each a timestamp and the parsed series of every replica's engine metrics
+(vLLM names as Ray exports them, ``ray_vllm_*``, labelled with model, flavor and ReplicaId). Counters
+and histograms are differenced over the window (a counter that went down was reset: its new value is
+the delta); gauges take the newest value. A model whose newest sample is older than ``stale_after_s``
+is STALE; one never seen is MISSING; a model whose counters stood still is FRESH with zero load.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
+
+Labels = tuple[tuple[str, str], ...]
+SeriesKey = tuple[str, Labels]  # (metric name, sorted labels)
+
+P = "ray_vllm_"
+TTFT = P + "time_to_first_token_seconds"
+TPOT = P + "request_time_per_output_token_seconds"
+E2E = P + "e2e_request_latency_seconds"
+PROMPT = P + "prompt_tokens_total"
+GEN = P + "generation_tokens_total"
+PROMPT_HIST = P + "request_prompt_tokens"
+RUNNING = P + "num_requests_running"
+WAITING = P + "num_requests_waiting"
+KV = P + "kv_cache_usage_perc"
+
+
+@dataclass(frozen=True)
+class Scrape:
+    t: float
+    series: dict[SeriesKey, float]
+    ok: bool = True  # False: the source could not be read at t (its series are absent, not zero)
+
+
+def labels(**kv: str) -> Labels:
+    return tuple(sorted(kv.items()))
+
+
+def _label(lbls: Labels, key: str) -> str:
+    for k, v in lbls:
+        if k == key:
+            return v
+    return ""
+
+
+@dataclass
+class _Acc:
+    counters: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    buckets: dict[str, dict[float, float]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(float)))
+    gauges: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    replicas: set[str] = field(default_factory=set)
+
+
+def _delta(new: float, old: float | None) -> float:
+    if old is None or new < old:  # first sight in the window or a reset: count from zero
+        return new if old is not None else 0.0
+    return new - old
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts (linear inside a bucket)."""
+    if not buckets:
+        return None
+    bs = sorted(buckets.items())
+    total = bs[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in bs:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            if c == prev_c:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+        prev_le, prev_c = le, c
+    return bs[-1][0]
+
+
+def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, stale_after_s: float = 20.0,
+              models: Iterable[str] = ()) -> dict[str, ModelSignals]:
+    """ModelSignals per model from the scrapes within ``window_s`` of ``now``."""
+    ok = [s for s in scrapes if s.ok]
+    last_seen: dict[str, float] = {}
+    for s in ok:
+        for (_, lbls) in s.series:
+            m = _label(lbls, "model")
+            if m:
+                last_seen[m] = max(last_seen.get(m, -math.inf), s.t)
+    win = [s for s in ok if s.t >= now - window_s]
+    out: dict[str, ModelSignals] = {}
+    all_models = set(models) | set(last_seen)
+    if len(win) < 2:
+        for m in all_models:
+            fresh = Freshness.MISSING if m not in last_seen else Freshness.STALE
+            age = now - last_seen[m] if m in last_seen else None
+            out[m] = ModelSignals(m, fresh, age)
+        return out
+    first, last = win[0], win[-1]
+    dt = max(last.t - first.t, 1e-9)
+    per_model: dict[str, _Acc] = defaultdict(_Acc)
+    per_flavor: dict[tuple[str, str], _Acc] = defaultdict(_Acc)
+    for (name, lbls), v in last.series.items():
+        m, f = _label(lbls, "model"), _label(lbls, "flavor")
+        if not m:
+            continue
+        accs = (per_model[m], per_flavor[(m, f)])
+        rep = _label(lbls, "ReplicaId")
+        old = first.series.get((name, lbls))
+        for acc in accs:
+            if rep:
+                acc.replicas.add(rep)
+        if name.endswith("_bucket"):
+            le = float(_label(lbls, "le") or "inf")
+            for acc in accs:
+                acc.buckets[name[: -len("_bucket")]][le] += _delta(v, old)
+        elif name.endswith(("_total", "_count", "_sum")):
+            for acc in accs:
+                acc.counters[name] += _delta(v, old)
+        else:
+            for acc in accs:
+                acc.gauges[name].append(v)
+    for m in all_models:
+        age = now - last_seen[m] if m in last_seen else None
+        if m not in last_seen:
+            out[m] = ModelSignals(m, Freshness.MISSING)
+            continue
+        if age is not None and age > stale_after_s:
+            out[m] = ModelSignals(m, Freshness.STALE, age)
+            continue
+        a = per_model.get(m, _Acc())
+        started = a.counters.get(TTFT + "_count", 0.0)
+        done = a.counters.get(E2E + "_count", 0.0)
+        waiting_now = sum(a.gauges.get(WAITING, []))
+        waiting_then = sum(v for (n, lb), v in first.series.items() if n == WAITING and _label(lb, "model") == m)
+        arrivals = max(0.0, started + waiting_now - waiting_then) / dt
+        prompt_mean = a.counters.get(PROMPT, 0.0) / started if started else None
+        output_mean = a.counters.get(GEN, 0.0) / done if done else None
+        p95 = histogram_quantile(0.95, a.buckets.get(PROMPT_HIST, {}))
+        mix = None
+        if prompt_mean is not None and output_mean is not None:
+            mix = RequestMix(prompt_mean, max(output_mean, 1.0), p95 or 2.0 * prompt_mean)
+        flav = {}
+        for (mm, f), fa in per_flavor.items():
+            if mm != m or not f:
+                continue
+            n = len(fa.replicas)
+            fs = fa.counters.get(TTFT + "_count", 0.0)
+            flav[f] = FlavorObservation(
+                replicas=n,
+                running_per_replica=sum(fa.gauges.get(RUNNING, [])) / n if n else None,
+                ttft_p95_s=histogram_quantile(0.95, fa.buckets.get(TTFT, {})),
+                tpot_p95_s=histogram_quantile(0.95, fa.buckets.get(TPOT, {})),
+                prompt_mean=fa.counters.get(PROMPT, 0.0) / fs if fs else None,
+            )
+        out[m] = ModelSignals(
+            model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals, mix=mix,
+            waiting=waiting_now, running=sum(a.gauges.get(RUNNING, [])),
+            ttft_p95_s=histogram_quantile(0.95, a.buckets.get(TTFT, {})),
+            tpot_p95_s=histogram_quantile(0.95, a.buckets.get(TPOT, {})),
+            kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=flav,
+        )
+    return out
+
+
+def parse_prometheus(text: str, prefix: str = P) -> dict[SeriesKey, float]:
+    """Series of a Prometheus text exposition whose names start with ``prefix``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[SeriesKey, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith(prefix):
+                out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out

@@ -1,0 +1,75 @@
+"""Act decisions: whole gangs up first, replicas only on ready gangs, drain before release, rollback."""
+
+from __future__ import annotations
+
+from rayscale.config import load_catalog
+from rayscale.controller.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, SetReplicas, decide
+
+CAT = load_catalog()
+K = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2: a gang of two g5.12xlarge
+
+
+def _gang(i: int, phase: GangPhase, serving: int = 0, created: float = 0.0, zone: str = "us-east-1a") -> Gang:
+    return Gang(f"qwen2-72b-a10g-od-{i}", *K, zone, "g5.12xlarge", 2, phase, created, serving)
+
+
+def test_scale_up_creates_whole_gangs_then_replicas_only_when_ready() -> None:
+    acts = decide(CAT, {K: 2}, [], {}, {}, {}, now=0.0)
+    creates = [a for a in acts if isinstance(a, CreateGang)]
+    assert [c.name for c in creates] == ["qwen2-72b-a10g-od-0", "qwen2-72b-a10g-od-1"]
+    assert all(c.nodes == 2 and c.instance_type == "g5.12xlarge" for c in creates)
+    assert {c.zone for c in creates} == {"us-east-1a", "us-east-1b"}  # spread, each gang in one zone
+    assert not [a for a in acts if isinstance(a, SetReplicas)]
+    # Same world after a restart (gangs pending): no duplicates, still no replicas.
+    world = [_gang(0, GangPhase.PENDING), _gang(1, GangPhase.PENDING, zone="us-east-1b")]
+    assert decide(CAT, {K: 2}, world, {}, {}, {}, now=10.0) == []
+    world[0] = _gang(0, GangPhase.READY)
+    acts = decide(CAT, {K: 2}, world, {}, {}, {}, now=20.0)
+    assert acts == [SetReplicas("qwen2-72b", "a10g", 1, "1 gang(s) ready for 2 planned")]
+
+
+def test_partial_gang_times_out_is_deleted_whole_and_backed_off() -> None:
+    world = [_gang(0, GangPhase.PENDING, created=0.0)]
+    timeout = 3.0 * CAT.flavors["a10g"].node_startup_s
+    assert decide(CAT, {K: 1}, world, {}, {}, {}, now=timeout - 1) == []
+    acts = decide(CAT, {K: 1}, world, {}, {}, {}, now=timeout + 1)
+    assert any(isinstance(a, DeleteGang) and a.name == world[0].name for a in acts)
+    bo = [a for a in acts if isinstance(a, BackOff)]
+    assert bo and (bo[0].flavor, bo[0].zone) == ("a10g", "us-east-1a")
+    # The replacement goes to another zone right away.
+    new = [a for a in acts if isinstance(a, CreateGang)]
+    assert new and new[0].zone == "us-east-1b"
+
+
+def test_capacity_error_fails_gang_and_every_zone_backed_off_creates_nothing() -> None:
+    failed = Gang("qwen2-72b-a10g-od-0", *K, "us-east-1a", "g5.12xlarge", 2, GangPhase.FAILED, 0.0,
+                  reason="InsufficientCapacityError")
+    blocked = {("a10g", z, "on-demand"): 1e9 for z in ("us-east-1b", "us-east-1c")}
+    acts = decide(CAT, {K: 1}, [failed], {}, {}, blocked, now=5.0)
+    assert any(isinstance(a, DeleteGang) and "InsufficientCapacityError" in a.reason for a in acts)
+    assert not [a for a in acts if isinstance(a, CreateGang)]
+
+
+def test_scale_down_drains_first_then_releases_idle_gangs() -> None:
+    world = [_gang(0, GangPhase.READY, serving=1, created=0), _gang(1, GangPhase.READY, serving=1, created=5)]
+    mf = ("qwen2-72b", "a10g")
+    # Step 1: lower Serve replicas; no gang deleted while two replicas still run.
+    acts = decide(CAT, {K: 1}, world, {mf: 2}, {mf: 2}, {}, now=100.0)
+    assert acts == [SetReplicas("qwen2-72b", "a10g", 1, "drain to 1: plan wants 1")]
+    # Step 2: Serve stopped the replica on gang 1: that idle gang goes, the serving one stays.
+    world[1] = _gang(1, GangPhase.READY, serving=0, created=5)
+    acts = decide(CAT, {K: 1}, world, {mf: 1}, {mf: 1}, {}, now=110.0)
+    assert acts == [DeleteGang("qwen2-72b-a10g-od-1", "plan wants 1 x on-demand; drained")]
+
+
+def test_make_before_break_when_moving_flavor() -> None:
+    mf_old, new_key = ("qwen2-72b", "a10g"), ("qwen2-72b", "l40s", "on-demand")
+    world = [_gang(0, GangPhase.READY, serving=1)]
+    acts = decide(CAT, {new_key: 1}, world, {mf_old: 1}, {mf_old: 1}, {}, now=0.0)
+    assert any(isinstance(a, CreateGang) and a.flavor == "l40s" for a in acts)
+    assert not [a for a in acts if isinstance(a, SetReplicas | DeleteGang)]  # old keeps serving
+    new_ready = Gang("qwen2-72b-l40s-od-0", *new_key, "us-east-1a", "g6e.12xlarge", 1, GangPhase.READY, 1.0)
+    acts = decide(CAT, {new_key: 1}, [*world, new_ready], {mf_old: 1}, {mf_old: 1}, {}, now=400.0)
+    assert SetReplicas("qwen2-72b", "l40s", 1, "1 gang(s) ready for 1 planned") in acts
+    assert SetReplicas("qwen2-72b", "a10g", 0, "drain to 0: plan wants 0") in acts
+    assert not [a for a in acts if isinstance(a, DeleteGang)]  # the old gang still serves until drained

@@ -1,0 +1,82 @@
+"""Windowed aggregation: counters differenced, resets handled, quantiles as Prometheus, missing != zero."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayscale.core.signals import Freshness
+from rayscale.signals.window import (
+    E2E,
+    GEN,
+    PROMPT,
+    RUNNING,
+    TTFT,
+    WAITING,
+    Scrape,
+    aggregate,
+    histogram_quantile,
+    labels,
+    parse_prometheus,
+)
+
+
+def _rep(model: str, flavor: str, rep: str, t: float, started: float, done: float, waiting: float,
+         ttft_buckets: dict[float, float]) -> dict:
+    lb = labels(model=model, flavor=flavor, ReplicaId=rep)
+    s = {
+        (TTFT + "_count", lb): started, (E2E + "_count", lb): done,
+        (PROMPT, lb): started * 500, (GEN, lb): done * 100,
+        (WAITING, lb): waiting, (RUNNING, lb): 4.0,
+    }
+    for le, c in ttft_buckets.items():
+        s[(TTFT + "_bucket", tuple(sorted((*lb, ("le", str(le))))))] = c
+    return s
+
+
+def test_rates_mix_and_quantiles_over_the_window() -> None:
+    a0 = _rep("m", "a10g", "r1", 0, 100, 90, 0, {0.1: 50, 1.0: 100, float("inf"): 100})
+    a1 = _rep("m", "a10g", "r1", 10, 150, 140, 5, {0.1: 50, 1.0: 150, float("inf"): 150})
+    sig = aggregate([Scrape(0.0, a0), Scrape(10.0, a1)], now=10.0)["m"]
+    assert sig.freshness == Freshness.FRESH
+    assert sig.arrival_rate_rps == pytest.approx((50 + 5) / 10)
+    assert sig.mix is not None and sig.mix.prompt_mean == pytest.approx(500) and sig.mix.output_mean == 100
+    assert sig.waiting == 5 and sig.running == 4
+    # All 50 new first tokens fell in (0.1, 1.0]: p95 interpolates inside that bucket.
+    assert sig.ttft_p95_s == pytest.approx(0.1 + 0.9 * 0.95)
+    assert sig.per_flavor["a10g"].replicas == 1
+
+
+def test_counter_reset_counts_from_zero() -> None:
+    a0 = _rep("m", "a10g", "r1", 0, 1000, 1000, 0, {})
+    a1 = _rep("m", "a10g", "r1", 10, 20, 20, 0, {})  # replica restarted
+    sig = aggregate([Scrape(0.0, a0), Scrape(10.0, a1)], now=10.0)["m"]
+    assert sig.arrival_rate_rps == pytest.approx(2.0)
+
+
+def test_idle_is_zero_but_missing_and_stale_are_not() -> None:
+    a = _rep("m", "a10g", "r1", 0, 100, 100, 0, {})
+    idle = aggregate([Scrape(0.0, a), Scrape(10.0, a)], now=10.0, models=["m", "other"])
+    assert idle["m"].freshness == Freshness.FRESH and idle["m"].arrival_rate_rps == 0.0
+    assert idle["other"].freshness == Freshness.MISSING and idle["other"].arrival_rate_rps is None
+    # The source went down: failed scrapes carry no series; the model turns stale, never zero.
+    later = aggregate([Scrape(0.0, a), Scrape(10.0, a), Scrape(20.0, {}, ok=False), Scrape(40.0, {}, ok=False)],
+                      now=40.0, stale_after_s=20.0)
+    assert later["m"].freshness == Freshness.STALE and later["m"].arrival_rate_rps is None
+    assert later["m"].age_s == pytest.approx(30.0)
+
+
+def test_histogram_quantile_edges() -> None:
+    assert histogram_quantile(0.95, {}) is None
+    assert histogram_quantile(0.5, {1.0: 0.0, float("inf"): 0.0}) is None
+    assert histogram_quantile(0.5, {1.0: 10, 2.0: 20, float("inf"): 20}) == pytest.approx(1.0)
+    assert histogram_quantile(0.99, {1.0: 10, float("inf"): 20}) == 1.0
+
+
+def test_parse_prometheus_text() -> None:
+    text = (
+        "# TYPE ray_vllm_num_requests_running gauge\n"
+        'ray_vllm_num_requests_running{model="m",flavor="cpu",ReplicaId="x"} 3.0\n'
+        "# TYPE ray_other gauge\nray_other 1.0\n"
+    )
+    s = parse_prometheus(text)
+    assert s == {("ray_vllm_num_requests_running", (("ReplicaId", "x"), ("flavor", "cpu"), ("model", "m"))): 3.0}
