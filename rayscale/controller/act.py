@@ -41,6 +41,7 @@ class Gang:
     created_s: float
     serving: int = 0  # Serve replicas running on its nodes
     reason: str = ""
+    node_ids: tuple[str, ...] = ()  # members that are up (Ray node ids locally, Node names on Kubernetes)
 
     @property
     def key(self) -> Key:
@@ -136,7 +137,7 @@ def decide(
         if want <= len(have) or model not in catalog.models or flavor not in catalog.flavors:
             continue
         fl = catalog.flavors[flavor]
-        shape = gang_shape(catalog, model, flavor, CapacityType(ct))
+        shape = gang_shape(catalog, model, flavor)  # the plan sizes gangs at on-demand prices too
         taken: dict[str, int] = defaultdict(int)
         for g in have:
             taken[g.zone] += 1

@@ -47,20 +47,28 @@ def gang_options(flavor: Flavor, par: Parallelism) -> list[GangShape]:
 
 def gang_shape(catalog: Catalog, model: str, flavor: str,
                capacity_type: CapacityType = CapacityType.ON_DEMAND) -> GangShape:
+    try:
+        return gang_shape_for(catalog, flavor, catalog.models[model].parallelism[flavor], capacity_type)
+    except GangError as e:
+        raise GangError(f"{model} on {flavor}: {e}") from None
+
+
+def gang_shape_for(catalog: Catalog, flavor: str, par: Parallelism,
+                   capacity_type: CapacityType = CapacityType.ON_DEMAND) -> GangShape:
+    """The cheapest gang for a parallelism on a flavor: depends only on (flavor, tp, pp, capacity type),
+    so callers that plan many models cache it on that key."""
     fl = catalog.flavors[flavor]
-    par = catalog.models[model].parallelism[flavor]
     options = gang_options(fl, par)
     if not options:
         biggest = max(it.devices * it.cores_per_device for it in fl.instance_types)
-        raise GangError(f"{model} on {flavor}: tp={par.tp} needs {par.tp} devices in one node; "
-                        f"largest {flavor} instance has {biggest}")
+        raise GangError(f"tp={par.tp} needs {par.tp} devices in one node; largest {flavor} instance has {biggest}")
 
     def key(g: GangShape) -> tuple[float, int, str]:
         it = fl.instance(g.instance_type)
         idle = g.nodes * it.devices - g.devices
         return (g.nodes * catalog.price(flavor, g.instance_type, capacity_type), idle, g.instance_type)
 
-    return min(options, key=key)
+    return options[0] if len(options) == 1 else min(options, key=key)
 
 
 def choose_zone(flavor: Flavor, capacity_type: CapacityType, unavailable: Iterable[tuple[str, str, str]],

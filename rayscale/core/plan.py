@@ -17,10 +17,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rayscale.core.catalog import Catalog
+from rayscale.core.catalog import CapacityType, Catalog, Parallelism
 from rayscale.core.estimate import Demand, DemandState
-from rayscale.core.gangs import GangError, GangShape, gang_shape
-from rayscale.core.solver import ModelNeed, Offering, Problem, solve, solve_exact, solve_greedy
+from rayscale.core.gangs import GangError, GangShape, gang_shape_for
+from rayscale.core.solver import (
+    EXACT_MAX_VARS,
+    ModelNeed,
+    OfferingTable,
+    Problem,
+    solve,
+    solve_exact,
+    solve_greedy,
+)
 
 Key = tuple[str, str, str]  # (model, flavor, capacity type)
 ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
@@ -31,7 +39,7 @@ class PlannerSettings:
     hysteresis_band: float = 0.25
     downscale_delay_s: float = 120.0
     min_dwell_s: float = 60.0
-    exact_max_vars: int = 4000
+    exact_max_vars: int = EXACT_MAX_VARS
     solver: str = "auto"  # auto | exact | greedy
 
 
@@ -125,13 +133,20 @@ def plan(
     last_change = dict(memory.last_change_s)
     below_since = dict(memory.below_since_s)
 
-    offerings: list[Offering] = []
+    cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [], [])
+    o_model, o_flavor, o_ct, o_usd, o_rps, o_dev, o_nodes, o_lb, o_ub, o_unit = cols
+    running: list[int] = []  # offerings with replicas now
     gangs: dict[tuple[str, str], GangShape] = {}
     needs: list[ModelNeed] = []
     why: dict[str, str] = {}
+    cur_by_model: dict[str, dict[Key, int]] = {}
+    for k, n in current.items():
+        cur_by_model.setdefault(k[0], {})[k] = n
+    # Gang shape, price per capacity type and devices depend only on (flavor, tp, pp): once per plan call.
+    shapes: dict[tuple[str, int, int], tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str] = {}
     for name, spec in sorted(catalog.models.items()):
         d = demands.get(name)
-        cur = {k: n for k, n in current.items() if k[0] == name}
+        cur = cur_by_model.get(name, {})
         caps = d.capacity if d else {}
         cur_cap = sum(n * (caps[f].rps if f in caps else 0.0) for (_, f, _), n in cur.items())
         cur_n = sum(cur.values())
@@ -166,33 +181,44 @@ def plan(
             rps = d.rps
         needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
         for fname in sorted(spec.parallelism):
-            fl = catalog.flavors[fname]
-            try:
-                shape = gang_shape(catalog, name, fname)
-            except GangError as e:
-                notes.append(str(e))
+            par = spec.parallelism[fname]
+            gkey = (fname, par.tp, par.pp)
+            got = shapes.get(gkey)
+            if got is None:
+                got = shapes[gkey] = _offer_shape(catalog, fname, par)
+            if isinstance(got, str):
+                notes.append(f"{name} on {fname}: {got}")
                 continue
+            shape, prices, devices = got
             gangs[(name, fname)] = shape
             cap = caps[fname].rps if fname in caps else 0.0
-            it = fl.instance(shape.instance_type)
-            for ct in fl.capacity_types:
-                k = (name, fname, ct.value)
-                have = cur.get(k, 0)
+            unit = len(gangs)
+            for ct, ctv, price in prices:
+                have = cur.get((name, fname, ctv), 0) if cur else 0
                 if mode == "keep":
                     lb, ub = have, have
                 elif mode == "up":
                     lb, ub = have, spec.max_replicas
                 else:
                     lb, ub = 0, spec.max_replicas
-                if (fname, ct.value) in blocked or cap <= 0:
+                if (fname, ctv) in blocked or cap <= 0:
                     ub = min(ub, have)  # no new gangs where capacity errors back us off or SLO is unmeetable
                     lb = min(lb, ub)
                 if ub <= 0 and have == 0:
                     continue
-                offerings.append(Offering(
-                    name, fname, ct, shape.nodes * catalog.price(fname, shape.instance_type, ct), cap,
-                    shape.nodes * it.devices, shape.nodes, lb, ub,
-                ))
+                if have:
+                    running.append(len(o_model))
+                o_model.append(name)
+                o_flavor.append(fname)
+                o_ct.append(ct)
+                o_usd.append(price)
+                o_rps.append(cap)
+                o_dev.append(devices)
+                o_nodes.append(shape.nodes)
+                o_lb.append(lb)
+                o_ub.append(ub)
+                o_unit.append(unit)
+    offerings = OfferingTable(*cols)
     problem = Problem(
         needs=needs,
         offerings=offerings,
@@ -209,26 +235,32 @@ def plan(
 
     entries = []
     changed: set[str] = set()
-    for j, o in enumerate(offerings):
-        k = (o.model, o.flavor, o.capacity_type.value)
+    known: set[Key] = set()
+    for j in sorted(set(sol.counts) | set(running)):
+        m, f, ctv = o_model[j], o_flavor[j], o_ct[j].value
+        k = (m, f, ctv)
         n = sol.counts.get(j, 0)
         have = current.get(k, 0)
+        known.add(k)
         if n == 0 and have == 0:
             continue
         if n != have:
-            changed.add(o.model)
-        entries.append(PlanEntry(o.model, o.flavor, o.capacity_type.value, n, have, gangs[(o.model, o.flavor)],
-                                 n * o.usd_per_h, n * o.rps, why[o.model]))
+            changed.add(m)
+        entries.append(PlanEntry(m, f, ctv, n, have, gangs[(m, f)], n * o_usd[j], n * o_rps[j], why[m]))
     # Replicas on offerings the catalog no longer has (flavor removed): plan them away, visibly.
-    known = {(o.model, o.flavor, o.capacity_type.value) for o in offerings}
     for k, have in sorted(current.items()):
         if k not in known and k[0] in catalog.models and (k[0], k[1]) in gangs:
             entries.append(PlanEntry(*k, 0, have, gangs[(k[0], k[1])], 0.0, 0.0, "offering no longer available"))
     for m in changed:
         last_change[m] = now
         below_since.pop(m, None)
+    offs_of: dict[str, list[tuple[float, int, str]]] = {}  # model -> (rps, ub, flavor) per offering
+    if sol.unmet_rps:
+        for j, m in enumerate(o_model):
+            if m in sol.unmet_rps:
+                offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
     shortfalls = tuple(
-        Shortfall(m, round(u, 4), _shortfall_reason(catalog, m, problem))
+        Shortfall(m, round(u, 4), _shortfall_reason(catalog, m, problem, offs_of.get(m, [])))
         for m, u in sorted(sol.unmet_rps.items(), key=lambda kv: (-catalog.models[kv[0]].priority, kv[0]))
         if demands.get(m) is not None and demands[m].state == DemandState.OK
     )
@@ -236,15 +268,28 @@ def plan(
     return Plan(tuple(entries), shortfalls, sol.method, tuple(notes)), PlannerMemory(last_change, below_since)
 
 
-def _shortfall_reason(catalog: Catalog, model: str, p: Problem) -> str:
+def _offer_shape(catalog: Catalog, flavor: str, par: Parallelism
+                 ) -> tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str:
+    """The gang of one replica (chosen at on-demand prices), its $/h per capacity type and its devices;
+    or why no instance type fits."""
+    fl = catalog.flavors[flavor]
+    try:
+        shape = gang_shape_for(catalog, flavor, par)
+    except GangError as e:
+        return str(e)
+    prices = [(ct, ct.value, shape.nodes * catalog.price(flavor, shape.instance_type, ct))
+              for ct in fl.capacity_types]
+    return shape, prices, shape.nodes * fl.instance(shape.instance_type).devices
+
+
+def _shortfall_reason(catalog: Catalog, model: str, p: Problem, offs: list[tuple[float, int, str]]) -> str:
     spec = catalog.models[model]
-    offs = [o for o in p.offerings if o.model == model]
-    if not offs or all(o.rps <= 0 for o in offs):
+    if not offs or all(rps <= 0 for rps, _, _ in offs):
         return "no flavor can meet its SLO (or all are backed off)"
     reasons = []
-    if sum(o.ub for o in offs) >= spec.max_replicas:
+    if sum(ub for _, ub, _ in offs) >= spec.max_replicas:
         reasons.append(f"max_replicas {spec.max_replicas}")
-    lim = sorted({o.flavor for o in offs if o.flavor in p.device_limits or o.flavor in p.node_limits})
+    lim = sorted({f for _, _, f in offs if f in p.device_limits or f in p.node_limits})
     if lim:
         reasons.append("NodePool limits on " + ", ".join(lim))
     return f"degraded (priority {spec.priority}): " + (" or ".join(reasons) or "capacity exhausted")

@@ -6,7 +6,14 @@ import pytest
 
 from rayscale.config import load_catalog
 from rayscale.core.catalog import SLO, Profile
-from rayscale.core.estimate import Correction, DemandState, estimate, replica_capacity, tpot_at, update_corrections
+from rayscale.core.estimate import (
+    Correction,
+    DemandState,
+    estimate,
+    replica_capacity,
+    tpot_at,
+    update_corrections,
+)
 from rayscale.core.forecast import TrendSeasonal, last_value
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
 

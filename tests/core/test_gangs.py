@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from rayscale.config import load_catalog
 from rayscale.core.catalog import CapacityType, Catalog, Parallelism
 from rayscale.core.gangs import GangError, GangShape, choose_zone, gang_shape
-from rayscale.config import load_catalog
 
 
 @pytest.fixture(scope="module")

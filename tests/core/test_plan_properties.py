@@ -183,7 +183,7 @@ def test_feasible_plan_meets_every_slo_capacity_and_limits(prices: list[float], 
         short = {s.model for s in p.shortfalls}
         for m, d in demands.items():
             if m not in short:
-                assert sum(e.rps_capacity for e in p.entries if e.model == m) >= d.rps - 1e-6
+                assert sum(e.rps_capacity for e in p.entries if e.model == m) >= d.rps - RPS_TOLERANCE
         for f, fl in cat.flavors.items():
             used = sum(e.replicas * e.gang.devices for e in p.entries if e.flavor == f)
             assert fl.limits.devices is None or used <= fl.limits.devices

@@ -44,7 +44,7 @@ def test_band_holds_then_downscale_waits_for_delay_and_dwell() -> None:
     # Load returning resets the timer.
     _, cur2, mem2 = _step(10.0, {}, 0.0, PlannerMemory())
     _step(2.0, cur2, 20.0, mem2)
-    _, tgt3, mem3 = _step(10.0, cur2, 30.0, mem2)
+    _, _, mem3 = _step(10.0, cur2, 30.0, mem2)
     assert "mistral-7b" not in mem3.below_since_s
     _, tgt4, _ = _step(2.0, cur2, 145.0, mem3)
     assert tgt4 == cur2
