@@ -7,4 +7,6 @@ each handler imports what it needs when it runs and returns an exit code.
 # Module names under rayscale.commands, in the order `rayscale --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "plan",
+    "simulate",
+    "controller",
 )

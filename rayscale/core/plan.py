@@ -7,7 +7,8 @@ value and the planner's memory in; the plan and the new memory out. Stability ru
   every current replica (the solver may only add);
 - inside the hysteresis band (demand >= (1 - band) x capacity): keep what runs;
 - over-provisioned: only after demand stayed below the band for ``downscale_delay_s`` and the model's last
-  change is ``min_dwell_s`` old, re-plan freely (this is also when a cheaper flavor mix replaces the
+  change is ``min_dwell_s`` old (and at least as old as its flavors' start-up time, so capacity is never
+  cancelled before it could serve), re-plan freely (this is also when a cheaper flavor mix replaces the
   current one; act adds the new replicas before it drains the old);
 - signals stale or missing (Demand HOLD): keep what runs, never scale down on no data.
 """
@@ -39,6 +40,10 @@ class PlannerSettings:
     hysteresis_band: float = 0.25
     downscale_delay_s: float = 120.0
     min_dwell_s: float = 60.0
+    # Never cancel capacity before it could have served: after a change, the dwell also covers the
+    # start-up time (node + model load) of the flavors the model runs on. Without it a short burst
+    # orders replicas and the next dip cancels them while they are still starting, billed and useless.
+    dwell_covers_startup: bool = True
     exact_max_vars: int = EXACT_MAX_VARS
     solver: str = "auto"  # auto | exact | greedy
 
@@ -170,14 +175,19 @@ def plan(
         else:
             since = below_since.setdefault(name, now)
             waited, dwell = now - since, now - last_change.get(name, -1e18)
-            if waited >= settings.downscale_delay_s and dwell >= settings.min_dwell_s:
+            need_dwell = settings.min_dwell_s
+            if settings.dwell_covers_startup:
+                need_dwell = max([need_dwell] + [
+                    catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
+                    for (_, f, _) in cur if f in catalog.flavors and f in spec.parallelism])
+            if waited >= settings.downscale_delay_s and dwell >= need_dwell:
                 mode = "free"
                 why[name] = (f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s "
                              f"({d.reason})")
             else:
                 mode = "keep"
                 why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
-                             f"scale-down waits {settings.downscale_delay_s:.0f}s")
+                             f"scale-down waits {settings.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
             rps = d.rps
         needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
         for fname in sorted(spec.parallelism):

@@ -9,7 +9,7 @@ from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 
 MIX = RequestMix(900, 180, 2700)
 CAT = load_catalog().subset(["mistral-7b"], ["a10g"])
-SET = PlannerSettings(hysteresis_band=0.25, downscale_delay_s=120, min_dwell_s=60)
+SET = PlannerSettings(hysteresis_band=0.25, downscale_delay_s=120, min_dwell_s=60, dwell_covers_startup=False)
 
 
 def _step(rate: float | None, current: dict, now: float, mem: PlannerMemory):  # type: ignore[no-untyped-def]
@@ -66,3 +66,15 @@ def test_stale_signals_never_scale_down() -> None:
         p, tgt, mem = _step(None, cur, t, mem)
         assert tgt == cur
         assert "stale" in p.entries[0].reason
+
+
+def test_capacity_is_never_cancelled_before_it_could_serve() -> None:
+    startup = CAT.flavors["a10g"].node_startup_s + CAT.profile("mistral-7b", "a10g").startup_s
+    cur = {("mistral-7b", "a10g", "on-demand"): 6}
+    mem = PlannerMemory(last_change_s={"mistral-7b": 0.0}, below_since_s={"mistral-7b": 0.0})
+    s = PlannerSettings(hysteresis_band=0.25, downscale_delay_s=120, min_dwell_s=60)
+    sig = {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 1.0, MIX)}
+    p, _ = plan(CAT, estimate(CAT, sig), cur, now=startup - 1, memory=mem, settings=s)
+    assert p.target() == cur and f"{startup:.0f}s after the last change" in p.entries[0].reason
+    p, _ = plan(CAT, estimate(CAT, sig), cur, now=startup + 1, memory=mem, settings=s)
+    assert sum(p.target().values()) < 6

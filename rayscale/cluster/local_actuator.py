@@ -1,0 +1,171 @@
+"""The embedded default actuator: a gang of flavor nodes = Ray worker nodes started on this machine.
+
+Same interface as the Kubernetes actuator. Each node carries rayscale's ownership labels (gang, model,
+flavor, capacity type, zone, size, creation time) as Ray node labels, so ``gangs()`` is rebuilt from
+the cluster alone and a restarted controller sees exactly what runs. A configurable launch delay stands
+in for cloud provisioning and capacity errors can be injected per (flavor, zone). The machine bounds how
+many nodes can run: a gang that would exceed it fails at once with a reason that says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from rayscale.cluster.actuator import (
+    LABEL_CAPACITY,
+    LABEL_CREATED,
+    LABEL_GANG,
+    LABEL_MODEL,
+    LABEL_OWNER,
+    LABEL_SIZE,
+    LABEL_ZONE,
+    OWNER,
+)
+from rayscale.cluster.local import LocalCluster, LocalNode, flavor_spec
+from rayscale.controller.act import CreateGang, Gang, GangPhase
+
+_UP = {"ALIVE", "IDLE", "ACTIVE"}
+
+
+@dataclass
+class LocalActuatorConfig:
+    launch_delay_s: dict[str, float] = field(default_factory=dict)  # per flavor; missing: default below
+    default_launch_delay_s: float = 0.0
+    max_worker_nodes: int = 3  # what this machine can run beside the head (2 cores, vLLM on CPU)
+    capacity_errors: set[tuple[str, str]] = field(default_factory=set)  # (flavor, zone) that fail to launch
+    drain_grace_s: float = 30.0
+
+
+@dataclass
+class _Launch:
+    action: CreateGang
+    created_s: float
+    error: str = ""
+    done: bool = False
+
+
+class LocalActuator:
+    def __init__(self, cluster: LocalCluster, config: LocalActuatorConfig | None = None):
+        self.cluster = cluster
+        self.config = config or LocalActuatorConfig()
+        self._lock = threading.Lock()
+        self._launching: dict[str, _Launch] = {}
+        self._deleting: set[str] = set()
+        self._threads: list[threading.Thread] = []
+
+    # --- injection, for tests and the demo -------------------------------------------------------
+    def fail_zone(self, flavor: str, zone: str, failing: bool = True) -> None:
+        with self._lock:
+            (self.config.capacity_errors.add if failing else self.config.capacity_errors.discard)((flavor, zone))
+
+    # --- Actuator ---------------------------------------------------------------------------------
+    def gangs(self, now: float) -> list[Gang]:
+        members: dict[str, list[LocalNode]] = defaultdict(list)
+        for n in self.cluster.nodes():
+            if n.labels.get(LABEL_OWNER) == OWNER and LABEL_GANG in n.labels:
+                members[n.labels[LABEL_GANG]].append(n)
+        out: list[Gang] = []
+        with self._lock:
+            launching = dict(self._launching)
+            deleting = set(self._deleting)
+        for name, nodes in sorted(members.items()):
+            if name in deleting:
+                continue
+            lb = nodes[0].labels
+            size = int(lb.get(LABEL_SIZE, "1"))
+            up = [n for n in nodes if n.state in _UP and n.ray_node_id]
+            launch = launching.get(name)
+            phase = GangPhase.READY if len(up) == size else GangPhase.PENDING
+            reason = ""
+            if launch and launch.error:
+                phase, reason = GangPhase.FAILED, launch.error
+            out.append(Gang(name, lb.get(LABEL_MODEL, ""), nodes[0].flavor, lb.get(LABEL_CAPACITY, "on-demand"),
+                            lb.get(LABEL_ZONE, "local"), "local-" + nodes[0].flavor, size, phase,
+                            float(lb.get(LABEL_CREATED, now)), reason=reason,
+                            node_ids=tuple(str(n.ray_node_id) for n in up)))
+        # Launches with no node started yet (in their delay, or failed before any node came up).
+        for name, la in sorted(launching.items()):
+            if name in members or name in deleting:
+                continue
+            if la.done and not la.error:
+                continue  # started and since removed
+            a = la.action
+            out.append(Gang(name, a.model, a.flavor, a.capacity_type, a.zone, a.instance_type, a.nodes,
+                            GangPhase.FAILED if la.error else GangPhase.PENDING, la.created_s, reason=la.error))
+        return out
+
+    def create_gang(self, action: CreateGang, now: float) -> None:
+        with self._lock:
+            if action.name in self._launching and not self._launching[action.name].error:
+                return
+            self._launching[action.name] = launch = _Launch(action, now)
+            self._deleting.discard(action.name)
+        if any(n.labels.get(LABEL_GANG) == action.name for n in self.cluster.nodes()):
+            return  # already there (a controller restarted mid-launch): idempotent
+        t = threading.Thread(target=self._launch, args=(launch,), name=f"launch-{action.name}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def delete_gang(self, name: str) -> None:
+        with self._lock:
+            if name in self._deleting:
+                return
+            self._deleting.add(name)
+            la = self._launching.pop(name, None)
+            if la:
+                la.done = True
+        t = threading.Thread(target=self._delete, args=(name,), name=f"delete-{name}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def close(self) -> None:
+        for t in self._threads:
+            t.join(timeout=60)
+
+    # --- internals ---------------------------------------------------------------------------------
+    def _launch(self, la: _Launch) -> None:
+        a = la.action
+        delay = self.config.launch_delay_s.get(a.flavor, self.config.default_launch_delay_s)
+        end = time.monotonic() + delay
+        while time.monotonic() < end:
+            if la.done:
+                return  # deleted while waiting
+            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
+        with self._lock:
+            failing = (a.flavor, a.zone) in self.config.capacity_errors
+        if failing:
+            la.error = f"InsufficientCapacityError: no {a.flavor} capacity in {a.zone}"
+            return
+        workers = [n for n in self.cluster.nodes() if not n.is_head]
+        if len(workers) + a.nodes > self.config.max_worker_nodes:
+            la.error = (f"this machine runs at most {self.config.max_worker_nodes} worker nodes; "
+                        f"{len(workers)} run, the gang needs {a.nodes}")
+            return
+        labels = {
+            LABEL_OWNER: OWNER, LABEL_GANG: a.name, LABEL_MODEL: a.model, LABEL_CAPACITY: a.capacity_type,
+            LABEL_ZONE: a.zone, LABEL_SIZE: str(a.nodes), LABEL_CREATED: f"{la.created_s:.3f}",
+        }
+        for _ in range(a.nodes):
+            if la.done:
+                return
+            try:
+                self.cluster.add_node(flavor_spec(a.flavor, labels=labels), wait=False)
+            except Exception as e:  # a node that cannot start fails the whole gang
+                la.error = f"node start failed: {e}"
+                return
+        la.done = True
+
+    def _delete(self, name: str) -> None:
+        try:
+            for n in self.cluster.nodes(include_dead=True):
+                if n.labels.get(LABEL_GANG) == name and not n.is_head:
+                    with contextlib.suppress(Exception):
+                        self.cluster.remove_node(n.id, grace_s=self.config.drain_grace_s)
+        finally:
+            with self._lock:
+                self._launching.pop(name, None)
+                self._deleting.discard(name)

@@ -1,0 +1,112 @@
+"""`rayscale simulate`: replay a trace against scaling policies on the simulated cloud."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+POLICY_CHOICES = ("rayscale", "stock", "static-peak", "oracle", "all")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a request trace against scaling policies (simulated cloud and engines)",
+        description="Simulate a trace with the rayscale core, Ray Serve's stock autoscaler + Karpenter, "
+                    "static peak provisioning and a perfect-foresight oracle. --trace takes a file (Azure CSV "
+                    "or Mooncake JSONL) or gen:poisson|diurnal|bursty[:key=value,...], e.g. "
+                    "gen:diurnal:base=1,peak=12,hours=24 or gen:bursty:base=2,burst=12,every_s=1800,burst_s=300,hours=4.",
+    )
+    from rayscale.commands.plan import add_catalog_args
+
+    add_catalog_args(p)
+    p.add_argument("--trace", required=True, help="trace file, or gen:KIND[:key=value,...]")
+    p.add_argument("--policy", choices=POLICY_CHOICES, default="all")
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
+    p.add_argument("--repeat", type=int, default=1, help="play the trace this many times back to back")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
+    p.add_argument("--control-period", type=float, default=5.0, help="policy period, seconds")
+    p.add_argument("--solver", choices=["auto", "exact", "greedy"], default="greedy",
+                   help="planner solver for rayscale/static-peak/oracle (default greedy, for speed)")
+    p.add_argument("--prefill-contention", action="store_true",
+                   help="engines share prefill throughput with decode (chunked prefill) instead of the "
+                        "emulated engine's independent prefill")
+    p.add_argument("--json", action="store_true", help="print one JSON object per policy")
+    p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rayscale.config import load_catalog
+    from rayscale.core.catalog import CatalogError
+    from rayscale.core.plan import PlannerSettings
+    from rayscale.sim.engine import EngineConfig
+    from rayscale.sim.policies import POLICIES
+    from rayscale.sim.simulator import SimConfig, simulate
+    from rayscale.sim.sources import TraceSpecError, load_spec
+    from rayscale.sim.trace import TraceFormatError
+
+    # --model (shared with `plan`) names the simulated model; default: the project's default model.
+    model = args.only_models[0] if args.only_models else "mistral-7b"
+    try:
+        cat = load_catalog(args.models, args.flavors, args.profiles)
+        if model not in cat.models:
+            raise CatalogError(f"--model: unknown model {model!r}; allowed: {sorted(cat.models)}")
+        if args.only_flavors:
+            cat = cat.subset(None, args.only_flavors)
+            if model not in cat.models:
+                raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
+        trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat)
+        engine = EngineConfig(prefill_contention=args.prefill_contention)
+        if args.tick is not None:
+            engine = replace(engine, tick_s=args.tick)
+        cfg = SimConfig(model=model, seed=args.seed, control_period_s=args.control_period,
+                        planner=PlannerSettings(solver=args.solver), engine=engine)
+    except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    names = list(POLICIES) if args.policy == "all" else [args.policy]
+    results = []
+    progress = not args.no_progress and sys.stderr.isatty() and len(trace) > 50_000
+    for name in names:
+        try:
+            results.append(simulate(cat, trace, name, cfg, progress=progress))
+        except ValueError as e:
+            print(f"error: policy {name}: {e}", file=sys.stderr)
+            return 2
+    if args.json:
+        for r in results:
+            print(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                              for k, v in r.summary().items()}))
+    else:
+        print(render_table(results, trace.name))
+    if args.plot:
+        from rayscale.sim.plots import plot_results
+
+        plot_results(results, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+def render_table(results: list[Any], trace_name: str) -> str:
+    from rayscale.tables import format_table
+
+    oracle = next((r for r in results if r.policy == "oracle"), None)
+    stock = next((r for r in results if r.policy == "stock"), None)
+
+    def ratio(v: float, base: Any) -> str:
+        return f"{v / base.cost_usd:.2f}x" if base is not None and base.cost_usd > 0 else "-"
+
+    rows = [[r.policy, r.requests, f"{100 * r.slo_attainment:.2f}%", r.ttft_p95_s, r.tpot_p95_s, r.cost_usd,
+             ratio(r.cost_usd, oracle), ratio(r.cost_usd, stock), r.accelerator_hours, r.idle_node_hours,
+             r.failed_requests, r.scale_up_events, r.wall_s] for r in results]
+    head = ["policy", "requests", "SLO met", "TTFT p95 s", "TPOT p95 s", "cost $", "vs oracle", "vs stock",
+            "accel h", "idle node h", "failed", "scale-ups", "wall s"]
+    return format_table(head, rows, title=f"trace {trace_name}")

@@ -1,0 +1,217 @@
+"""The reconcile loop: observe -> estimate -> plan -> act, one decision record per period.
+
+The controller is the only writer of Serve replica counts and of nodes. It keeps no state it cannot
+lose: gangs come from the actuator (labels), replicas from Serve; what it remembers (metric window,
+planner timers, profile corrections, back-offs) only shapes how fast it moves, never what exists.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rayscale.cluster.actuator import Actuator
+from rayscale.controller.act import (
+    ActSettings,
+    BackOff,
+    CreateGang,
+    DeleteGang,
+    Gang,
+    GangPhase,
+    SetReplicas,
+    decide,
+)
+from rayscale.controller.serve_client import ServeClient, ServeSnapshot
+from rayscale.core.catalog import Catalog
+from rayscale.core.estimate import Correction, EstimateSettings, estimate, update_corrections
+from rayscale.core.forecast import FORECASTERS
+from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
+from rayscale.core.signals import Freshness, ModelSignals
+from rayscale.signals.scrape import MetricsScraper
+from rayscale.signals.window import Scrape, aggregate
+
+
+@dataclass
+class ControllerConfig:
+    period_s: float = 5.0
+    window_s: float = 30.0
+    stale_after_s: float = 20.0
+    app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
+    forecaster: str = "last"
+    decision_log: Path | None = None
+    history_len: int = 24  # arrival-rate windows kept for the forecaster
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    act: ActSettings = field(default_factory=ActSettings)
+    estimate: EstimateSettings = field(default_factory=EstimateSettings)
+
+
+@dataclass
+class DecisionRecord:
+    t: float
+    signals: dict[str, dict[str, Any]]
+    plan: dict[str, Any]
+    actions: list[dict[str, Any]]
+    errors: list[str]
+    durations_ms: dict[str, float]
+    gangs: dict[str, str]  # name -> phase
+    serve: dict[str, int]  # "model--flavor" -> target replicas
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, default=str, sort_keys=True)
+
+
+def _sig_summary(s: ModelSignals) -> dict[str, Any]:
+    d: dict[str, Any] = {"freshness": s.freshness.value}
+    for k in ("arrival_rate_rps", "waiting", "running", "ttft_p95_s", "tpot_p95_s", "kv_usage", "age_s"):
+        v = getattr(s, k)
+        if v is not None:
+            d[k] = round(float(v), 4)
+    if s.mix:
+        d["prompt_mean"], d["output_mean"] = round(s.mix.prompt_mean, 1), round(s.mix.output_mean, 1)
+    return d
+
+
+class Controller:
+    def __init__(self, catalog: Catalog, actuator: Actuator, serve: ServeClient, scraper: MetricsScraper,
+                 config: ControllerConfig | None = None, clock: Callable[[], float] = time.time):
+        self.catalog = catalog
+        self.actuator = actuator
+        self.serve = serve
+        self.scraper = scraper
+        self.config = config or ControllerConfig()
+        self.clock = clock
+        self.scrapes: deque[Scrape] = deque()
+        self.memory = PlannerMemory()
+        self.corrections: dict[tuple[str, str], Correction] = {}
+        self.unavailable: dict[tuple[str, str, str], float] = {}
+        self.rate_history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.config.history_len))
+        self.records: list[DecisionRecord] = []
+        self._stop = threading.Event()
+        self._listeners: list[Callable[[DecisionRecord], None]] = []
+
+    def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
+        self._listeners.append(fn)
+
+    # --- one period -----------------------------------------------------------------------------------
+    def reconcile(self) -> DecisionRecord:
+        cfg = self.config
+        t0 = self.clock()
+        dur: dict[str, float] = {}
+        errors: list[str] = []
+
+        # observe
+        s = time.perf_counter()
+        scrape = self.scraper.scrape(t0)
+        errors += self.scraper.errors
+        self.scrapes.append(scrape)
+        while self.scrapes and self.scrapes[0].t < t0 - 4 * cfg.window_s:
+            self.scrapes.popleft()
+        signals = aggregate(list(self.scrapes), t0, cfg.window_s, cfg.stale_after_s, self.catalog.models)
+        serve = self.serve.snapshot()
+        if not serve.ok:
+            errors.append(serve.error)
+        gangs = self.actuator.gangs(t0)
+        dur["observe"] = (time.perf_counter() - s) * 1000
+
+        # estimate
+        s = time.perf_counter()
+        signals = {m: self._with_history(sig) for m, sig in signals.items()}
+        self.corrections = update_corrections(self.catalog, signals, self.corrections)
+        demands = estimate(self.catalog, signals, self.corrections, FORECASTERS[cfg.forecaster], cfg.estimate)
+        dur["estimate"] = (time.perf_counter() - s) * 1000
+
+        # plan: what exists (pending or ready gangs) is "current"
+        s = time.perf_counter()
+        current: dict[tuple[str, str, str], int] = defaultdict(int)
+        for g in gangs:
+            if g.phase != GangPhase.FAILED:
+                current[g.key] += 1
+        result, self.memory = plan(self.catalog, demands, dict(current), self.unavailable, t0, self.memory,
+                                   cfg.planner)
+        dur["plan"] = (time.perf_counter() - s) * 1000
+
+        # act
+        s = time.perf_counter()
+        actions = []
+        if serve.ok:
+            gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
+            actions = decide(self.catalog, result.target(), gangs, serve.target, serve.running,
+                             self.unavailable, t0, cfg.act)
+            errors += self._apply(actions, serve, t0)
+        else:
+            errors.append("act skipped: Serve state unknown, nothing is changed")
+        dur["act"] = (time.perf_counter() - s) * 1000
+
+        rec = DecisionRecord(
+            t=round(t0, 3),
+            signals={m: _sig_summary(sig) for m, sig in signals.items()},
+            plan=result.to_dict(),
+            actions=[{"type": type(a).__name__, **a.__dict__} for a in actions],
+            errors=errors,
+            durations_ms={k: round(v, 2) for k, v in dur.items()},
+            gangs={g.name: g.phase.value for g in gangs},
+            serve={f"{m}--{f}": n for (m, f), n in sorted(serve.target.items())},
+        )
+        self.records.append(rec)
+        if cfg.decision_log:
+            with open(cfg.decision_log, "a") as f:
+                f.write(rec.to_json() + "\n")
+        for fn in self._listeners:
+            fn(rec)
+        return rec
+
+    def _with_history(self, sig: ModelSignals) -> ModelSignals:
+        if sig.freshness != Freshness.FRESH or sig.arrival_rate_rps is None:
+            return sig
+        hist = self.rate_history[sig.model]
+        out = replace(sig, rate_history=tuple(hist))
+        hist.append(sig.arrival_rate_rps)
+        return out
+
+    def _apply(self, actions: list[Any], serve: ServeSnapshot, now: float) -> list[str]:
+        errors = []
+        for a in actions:
+            try:
+                if isinstance(a, BackOff):
+                    self.unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
+                elif isinstance(a, CreateGang):
+                    self.actuator.create_gang(a, now)
+                elif isinstance(a, DeleteGang):
+                    self.actuator.delete_gang(a.name)
+                elif isinstance(a, SetReplicas):
+                    app = serve.app_of.get((a.model, a.flavor), self.config.app_name)
+                    self.serve.scale(app, a.model, a.flavor, a.replicas)
+            except Exception as e:  # one failed action must not stop the others or the loop
+                errors.append(f"{type(a).__name__} {a}: {e}")
+        self.unavailable = {k: u for k, u in self.unavailable.items() if u > now}
+        return errors
+
+    # --- running ------------------------------------------------------------------------------------
+    def run(self, duration_s: float | None = None) -> None:
+        """Reconcile every period until stop() (or for duration_s); a failing period is logged, not fatal."""
+        end = None if duration_s is None else time.monotonic() + duration_s
+        while not self._stop.is_set() and (end is None or time.monotonic() < end):
+            start = time.monotonic()
+            try:
+                self.reconcile()
+            except Exception as e:  # keep the loop alive; the record of the next period says more
+                self.records.append(DecisionRecord(self.clock(), {}, {}, [], [f"reconcile failed: {e!r}"], {},
+                                                   {}, {}))
+            self._stop.wait(max(0.0, self.config.period_s - (time.monotonic() - start)))
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="rayscale-controller", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def gangs(self) -> list[Gang]:
+        return self.actuator.gangs(self.clock())

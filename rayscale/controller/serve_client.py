@@ -1,0 +1,89 @@
+"""Serve as the controller sees it: replica targets and placements, read and set over the dashboard API.
+
+rayscale sets replica counts through Serve's external scaler API (``external_scaler_enabled: true`` on
+the application, ``POST /api/v1/applications/{app}/deployments/{dep}/scale``). Why that and not an
+application-level autoscaling policy: the policy runs inside Serve's controller and can only move
+replica counts, while rayscale must order replica changes against node provisioning (replicas only onto
+ready gangs, drain before a gang is released). An external writer keeps that ordering in one place, and
+Serve still owns replica placement, health checks and graceful shutdown (draining in-flight requests).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+# Serve deployment per (model, flavor): "{model}--{flavor}" (rayscale.serve names them so).
+SEP = "--"
+
+
+def deployment_name(model: str, flavor: str) -> str:
+    return f"{model}{SEP}{flavor}"
+
+
+def split_deployment(name: str) -> tuple[str, str] | None:
+    model, sep, flavor = name.rpartition(SEP)
+    return (model, flavor) if sep and model and flavor else None
+
+
+@dataclass(frozen=True)
+class ServeSnapshot:
+    target: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, flavor) -> target replicas
+    running: dict[tuple[str, str], int] = field(default_factory=dict)  # replicas alive, stopping ones too
+    per_node: dict[str, int] = field(default_factory=dict)  # Ray node id -> replicas of flavor deployments
+    app_of: dict[tuple[str, str], str] = field(default_factory=dict)
+    ok: bool = True
+    error: str = ""
+
+
+class ServeClientError(RuntimeError):
+    pass
+
+
+class ServeClient:
+    """Thin HTTP client of the Ray dashboard's Serve endpoints (bounded timeouts, no retries hidden)."""
+
+    def __init__(self, dashboard_url: str, timeout_s: float = 5.0):
+        self.url = dashboard_url.rstrip("/")
+        self._http = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def snapshot(self) -> ServeSnapshot:
+        try:
+            r = self._http.get(f"{self.url}/api/serve/applications/")
+            r.raise_for_status()
+            return parse_details(r.json())
+        except (httpx.HTTPError, ValueError) as e:
+            return ServeSnapshot(ok=False, error=f"serve details unavailable: {e}")
+
+    def scale(self, app: str, model: str, flavor: str, replicas: int) -> None:
+        dep = deployment_name(model, flavor)
+        r = self._http.post(f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
+                            json={"target_num_replicas": int(replicas)})
+        if r.status_code != 200:
+            raise ServeClientError(f"scale {app}/{dep} to {replicas}: HTTP {r.status_code}: {r.text[:300]}")
+
+
+def parse_details(details: dict[str, Any]) -> ServeSnapshot:
+    target: dict[tuple[str, str], int] = {}
+    running: dict[tuple[str, str], int] = defaultdict(int)
+    per_node: dict[str, int] = defaultdict(int)
+    app_of: dict[tuple[str, str], str] = {}
+    for app_name, app in (details.get("applications") or {}).items():
+        for dep_name, dep in (app.get("deployments") or {}).items():
+            mf = split_deployment(dep_name)
+            if mf is None:
+                continue
+            app_of[mf] = app_name
+            target[mf] = int(dep.get("target_num_replicas") or 0)
+            # A STOPPING replica is still finishing in-flight requests: its node is not free yet.
+            for rep in dep.get("replicas") or []:
+                running[mf] += 1
+                if rep.get("node_id"):
+                    per_node[rep["node_id"]] += 1
+    return ServeSnapshot(target, dict(running), dict(per_node), app_of)

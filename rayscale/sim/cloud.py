@@ -1,0 +1,488 @@
+"""Cloud model: nodes and gangs with launch delays, capacity errors, spot interruptions and prices.
+
+A replica is a gang (rayscale.core.gangs.gang_shape): it is live only once every node of the gang is Ready
+and the replica itself has started (image pull + model load). Delays are log-normal around the catalog's
+means (Flavor.node_startup_s, Profile.startup_s), so GPU flavors start slower than the local CPU flavor.
+A launch attempt in a (flavor, zone, capacity type) may fail with an insufficient-capacity error; the
+actuator then backs that zone off and retries the gang in another zone (rayscale.core.gangs.choose_zone).
+Spot nodes get interrupted as a Poisson process with a 2-minute notice: the replica drains at the notice
+and whatever it still runs fails when the node goes away.
+
+Events are few (a handful per replica), so they are plain Python objects in one heap; the engine is the
+part that must be vectorised. Everything random is drawn from one seeded generator in event order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from rayscale.core.catalog import CapacityType, Catalog
+from rayscale.core.gangs import GangShape, choose_zone, gang_shape
+from rayscale.sim.engine import Engine
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Every launch in the window fails with a capacity error (zone/capacity type None: all)."""
+
+    flavor: str
+    start_s: float
+    end_s: float
+    zone: str | None = None
+    capacity_type: str | None = None
+
+
+@dataclass(frozen=True)
+class CloudConfig:
+    node_startup_sigma: float = 0.25  # log-normal shape of launch -> Ready (mean: Flavor.node_startup_s)
+    replica_startup_sigma: float = 0.2  # log-normal shape of replica start (mean: Profile.startup_s)
+    capacity_error_rate: float = 0.02  # chance one on-demand node launch fails with a capacity error
+    spot_capacity_error_rate: float = 0.05
+    capacity_error_overrides: dict[str, float] = field(default_factory=dict)  # "flavor" or "flavor/ct"
+    outages: tuple[Outage, ...] = ()
+    spot_interruptions_per_node_h: float = 0.01  # assumption; AWS advisor buckets GPU spot at <5%/month
+    spot_notice_s: float = 120.0
+    capacity_error_delay_s: float = 5.0  # CreateFleet reports InsufficientInstanceCapacity quickly
+    backoff_s: float = 300.0  # a zone stays backed off this long after a capacity error
+
+    def error_rate(self, flavor: str, ct: str) -> float:
+        o = self.capacity_error_overrides
+        if f"{flavor}/{ct}" in o:
+            return o[f"{flavor}/{ct}"]
+        if flavor in o:
+            return o[flavor]
+        return self.spot_capacity_error_rate if ct == CapacityType.SPOT.value else self.capacity_error_rate
+
+
+@dataclass(frozen=True)
+class ActuatorConfig:
+    """How a stack turns a replica target into nodes (rayscale's controller vs the stock chain)."""
+
+    provision_delay_s: float = 1.0  # decision -> NodeClaims created
+    karpenter_batch: bool = False  # pending pods batched: idle 1 s, at most 10 s
+    batch_idle_s: float = 1.0
+    batch_max_s: float = 10.0
+    node_linger_s: float = 0.0  # after its replica stops, the node stays this long (idle timeout + consolidation)
+    reuse_idle_nodes: bool = False  # a new replica may land on a lingering node
+    drain_timeout_s: float = 600.0  # then in-flight requests are dropped
+    instant: bool = False  # oracle: no delays, no capacity errors, no interruptions
+
+
+class GangState(StrEnum):
+    WAITING = "waiting"  # decided, NodeClaims not created yet (provision delay / Karpenter batch)
+    PROVISIONING = "provisioning"  # nodes launching
+    STARTING = "starting"  # all nodes Ready, replica loading the model
+    LIVE = "live"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+@dataclass
+class Node:
+    id: int
+    flavor: str
+    instance_type: str
+    capacity_type: str
+    zone: str
+    usd_per_h: float
+    devices: int
+    t_launch: float
+    t_ready: float | None = None
+    t_end: float | None = None
+    gang: int | None = None
+    serving_s: float = 0.0  # time spent under a live or draining replica
+    serve_since: float | None = None
+
+
+@dataclass
+class Gang:
+    id: int
+    flavor: str
+    capacity_type: str
+    shape: GangShape
+    state: GangState
+    t_created: float
+    zone: str | None = None
+    nodes: list[Node] = field(default_factory=list)
+    engine_rid: int | None = None
+    t_live: float | None = None
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class CloudTotals:
+    cost_usd: float
+    accelerator_hours: float
+    node_hours: float
+    idle_node_hours: float
+    scale_up_events: int
+    capacity_errors: int
+    spot_interruptions: int
+
+
+class Cluster:
+    """Nodes and gangs of one model's replicas, driven by events on the simulated clock."""
+
+    def __init__(self, catalog: Catalog, model: str, engine: Engine, flavors: list[str], rng: np.random.Generator,
+                 cloud: CloudConfig = CloudConfig(), act: ActuatorConfig = ActuatorConfig(),
+                 slot_cap: int | None = None) -> None:
+        self.catalog, self.model, self.engine = catalog, model, engine
+        self.flavors = flavors  # index = engine flavor index
+        self.rng, self.cloud, self.act = rng, cloud, act
+        self.slot_cap = slot_cap
+        self.gangs: dict[int, Gang] = {}
+        self.nodes: dict[int, Node] = {}
+        self.lingering: list[Node] = []
+        self.unavailable: dict[tuple[str, str, str], float] = {}
+        self._events: list[tuple[float, int, str, int]] = []
+        self._seq = 0
+        self._next_id = 0
+        self._batch: list[int] = []  # gangs waiting for the Karpenter batch to close
+        self._batch_open: float | None = None
+        self._batch_last: float | None = None
+        self.scale_up_events = 0
+        self.capacity_errors = 0
+        self.spot_interruptions = 0
+        self._closed_cost = 0.0
+        self._closed_dev_h = 0.0
+        self._closed_node_h = 0.0
+        self._closed_idle_h = 0.0
+        self._shapes: dict[tuple[str, str], GangShape] = {}
+        self._draining: set[int] = set()
+        self._stopped: list[int] = []
+
+    # --- bookkeeping ----------------------------------------------------------------------------
+
+    def _id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _push(self, t: float, kind: str, obj: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, obj))
+
+    def shape(self, flavor: str, ct: str) -> GangShape:
+        k = (flavor, ct)
+        if k not in self._shapes:
+            self._shapes[k] = gang_shape(self.catalog, self.model, flavor, CapacityType(ct))
+        return self._shapes[k]
+
+    def _lognormal(self, mean: float, sigma: float) -> float:
+        if mean <= 0:
+            return 0.0
+        # Mean of a log-normal is exp(mu + sigma^2/2): solve for mu so the catalog number is the mean.
+        return float(self.rng.lognormal(math.log(mean) - sigma * sigma / 2, sigma))
+
+    def active(self) -> list[Gang]:
+        return [g for g in self.gangs.values() if g.state not in (GangState.STOPPED, GangState.DRAINING)]
+
+    def count(self, flavor: str, ct: str, live_only: bool = False) -> int:
+        return sum(1 for g in self.active() if g.flavor == flavor and g.capacity_type == ct
+                   and (not live_only or g.state == GangState.LIVE))
+
+    def starting(self) -> int:
+        """Replicas decided but not live yet."""
+        return sum(1 for g in self.active() if g.state != GangState.LIVE)
+
+    def current(self) -> dict[tuple[str, str, str], int]:
+        out: dict[tuple[str, str, str], int] = {}
+        for g in self.active():
+            k = (self.model, g.flavor, g.capacity_type)
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    def live_by_flavor(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self.gangs.values():
+            if g.state == GangState.LIVE:
+                out[g.flavor] = out.get(g.flavor, 0) + 1
+        return out
+
+    def live_count(self) -> int:
+        return sum(1 for g in self.gangs.values() if g.state == GangState.LIVE)
+
+    def usd_per_h(self) -> float:
+        return sum(n.usd_per_h for n in self.nodes.values() if n.t_end is None)
+
+    # --- actuation ------------------------------------------------------------------------------
+
+    def set_target(self, flavor: str, ct: str, n: int, now: float) -> None:
+        have = [g for g in self.active() if g.flavor == flavor and g.capacity_type == ct]
+        if n > len(have):
+            self.scale_up_events += 1
+            for _ in range(n - len(have)):
+                self._new_gang(flavor, ct, now)
+        elif n < len(have):
+            # Cancel what is not serving yet (newest first), then drain the least busy live replicas.
+            order = {GangState.WAITING: 0, GangState.PROVISIONING: 1, GangState.STARTING: 2, GangState.LIVE: 3}
+            have.sort(key=lambda g: (order[g.state], -g.t_created if g.state != GangState.LIVE
+                                     else self.engine.running(g.engine_rid or 0), g.id))
+            for g in have[: len(have) - n]:
+                self._remove(g, now)
+
+    def place_warm(self, flavor: str, ct: str, now: float) -> None:
+        """A replica that is already live at the start (warm start of every policy)."""
+        g = self._new_gang(flavor, ct, now, warm=True)
+        assert g is not None
+
+    def _new_gang(self, flavor: str, ct: str, now: float, warm: bool = False) -> Gang | None:
+        g = Gang(self._id(), flavor, ct, self.shape(flavor, ct), GangState.WAITING, now)
+        self.gangs[g.id] = g
+        if warm:
+            self._launch(g, now, warm=True)
+            return g
+        if self.act.instant:
+            self._launch(g, now)
+            return g
+        if self.act.reuse_idle_nodes:
+            node = self._take_lingering(flavor, ct, g.shape)
+            if node is not None:
+                g.zone = node.zone
+                g.nodes = [node]
+                node.gang = g.id
+                g.state = GangState.PROVISIONING
+                self._nodes_ready(g, now)
+                return g
+        if self.act.karpenter_batch:
+            t = now + self.act.provision_delay_s
+            self._batch.append(g.id)
+            if self._batch_open is None:
+                self._batch_open = t
+            self._batch_last = t
+            close = min(self._batch_open + self.act.batch_max_s, self._batch_last + self.act.batch_idle_s)
+            self._push(close, "batch", 0)
+        else:
+            self._push(now + self.act.provision_delay_s, "launch", g.id)
+        return g
+
+    def _take_lingering(self, flavor: str, ct: str, shape: GangShape) -> Node | None:
+        if shape.nodes != 1:
+            return None
+        for node in self.lingering:
+            if node.flavor == flavor and node.capacity_type == ct and node.instance_type == shape.instance_type:
+                self.lingering.remove(node)
+                return node
+        return None
+
+    def _launch(self, g: Gang, now: float, warm: bool = False) -> None:
+        if g.state != GangState.WAITING:
+            return
+        fl = self.catalog.flavors[g.flavor]
+        ct = CapacityType(g.capacity_type)
+        taken: dict[str, int] = {}
+        for other in self.active():
+            if other.flavor == g.flavor and other.zone:
+                taken[other.zone] = taken.get(other.zone, 0) + 1
+        blocked = [k for k, until in self.unavailable.items() if until > now]
+        zone = choose_zone(fl, ct, blocked, taken)
+        if zone is None:
+            self._stop(g, now)  # every zone backed off: the policy sees the replica missing and re-plans
+            return
+        g.zone = zone
+        g.attempts += 1
+        g.state = GangState.PROVISIONING
+        it = fl.instance(g.shape.instance_type)
+        price = self.catalog.price(g.flavor, it.name, ct)
+        instant = warm or self.act.instant
+        ice = False
+        for _ in range(g.shape.nodes):
+            if not instant and self._capacity_error(g.flavor, zone, g.capacity_type, now):
+                ice = True
+                continue
+            node = Node(self._id(), g.flavor, it.name, g.capacity_type, zone, price, it.devices, now, gang=g.id)
+            self.nodes[node.id] = node
+            g.nodes.append(node)
+        if ice:
+            self.capacity_errors += 1
+            self._push(now + self.cloud.capacity_error_delay_s, "ice", g.id)
+            return
+        if instant:
+            for node in g.nodes:
+                node.t_ready = now
+            self._nodes_ready(g, now, instant=True)
+            return
+        for node in g.nodes:
+            self._push(now + self._lognormal(fl.node_startup_s, self.cloud.node_startup_sigma), "ready", node.id)
+
+    def _capacity_error(self, flavor: str, zone: str, ct: str, now: float) -> bool:
+        for o in self.cloud.outages:
+            if (o.flavor == flavor and o.start_s <= now < o.end_s and o.zone in (None, zone)
+                    and o.capacity_type in (None, ct)):
+                return True
+        p = self.cloud.error_rate(flavor, ct)
+        return p > 0 and bool(self.rng.random() < p)
+
+    def _nodes_ready(self, g: Gang, now: float, instant: bool = False) -> None:
+        g.state = GangState.STARTING
+        for node in g.nodes:
+            if node.capacity_type == CapacityType.SPOT.value and not self.act.instant:
+                rate = self.cloud.spot_interruptions_per_node_h
+                if rate > 0:
+                    self._push(now + float(self.rng.exponential(3600.0 / rate)), "notice", node.id)
+        prof = self.catalog.profile(self.model, g.flavor)
+        delay = 0.0 if instant else self._lognormal(prof.startup_s, self.cloud.replica_startup_sigma)
+        if delay <= 0:
+            self._go_live(g, now)
+        else:
+            self._push(now + delay, "live", g.id)
+
+    def _go_live(self, g: Gang, now: float) -> None:
+        if g.state != GangState.STARTING:
+            return
+        g.state = GangState.LIVE
+        g.t_live = now
+        prof = self.catalog.profile(self.model, g.flavor)
+        g.engine_rid = self.engine.add_replica(prof, self.flavors.index(g.flavor), self.slot_cap)
+        for node in g.nodes:
+            node.serve_since = now
+
+    def _remove(self, g: Gang, now: float) -> None:
+        if g.state == GangState.LIVE:
+            g.state = GangState.DRAINING
+            self._draining.add(g.id)
+            assert g.engine_rid is not None
+            self.engine.drain(g.engine_rid)
+            self._push(now + self.act.drain_timeout_s, "drain_timeout", g.id)
+        elif g.state != GangState.STOPPED:
+            self._stop(g, now)
+
+    def _stop(self, g: Gang, now: float, linger: bool = True) -> None:
+        if g.state == GangState.STOPPED:
+            return
+        if g.engine_rid is not None and g.state in (GangState.LIVE, GangState.DRAINING):
+            self.engine.kill(g.engine_rid, now)
+        g.state = GangState.STOPPED
+        self._stopped.append(g.id)
+        if g.id in self._batch:
+            self._batch.remove(g.id)
+        for node in g.nodes:
+            if node.serve_since is not None:
+                node.serving_s += now - node.serve_since
+                node.serve_since = None
+            node.gang = None
+            if node.t_end is not None:
+                continue
+            if linger and self.act.node_linger_s > 0 and node.t_ready is not None:
+                self.lingering.append(node)
+                self._push(now + self.act.node_linger_s, "release", node.id)
+            else:
+                self._release(node, now)
+
+    def _release(self, node: Node, now: float) -> None:
+        if node.t_end is not None:
+            return
+        node.t_end = now
+        if node in self.lingering:
+            self.lingering.remove(node)
+        h = (now - node.t_launch) / 3600.0
+        self._closed_cost += h * node.usd_per_h
+        self._closed_dev_h += h * node.devices
+        self._closed_node_h += h
+        self._closed_idle_h += h - node.serving_s / 3600.0
+
+    # --- the clock ------------------------------------------------------------------------------
+
+    def advance(self, now: float) -> None:
+        """Process every event due at or before ``now``; drained replicas release their nodes."""
+        ev = self._events
+        while ev and ev[0][0] <= now:
+            t, _, kind, obj = heapq.heappop(ev)
+            self._handle(t, kind, obj)
+        if self._draining:
+            for gid in list(self._draining):
+                g = self.gangs.get(gid)
+                if g is None or g.state != GangState.DRAINING:
+                    self._draining.discard(gid)
+                elif g.engine_rid is not None and self.engine.idle(g.engine_rid):
+                    self._stop(g, now)
+                    self._draining.discard(gid)
+        if self._stopped:
+            for gid in self._stopped:
+                self.gangs.pop(gid, None)
+            self._stopped.clear()
+
+    def _handle(self, t: float, kind: str, obj: int) -> None:
+        if kind == "batch":
+            if self._batch_open is None or self._batch_last is None:
+                return
+            close = min(self._batch_open + self.act.batch_max_s, self._batch_last + self.act.batch_idle_s)
+            if t + 1e-9 < close:
+                return  # a later pod extended the window; its own event closes it
+            batch, self._batch, self._batch_open, self._batch_last = self._batch, [], None, None
+            for gid in batch:
+                g = self.gangs.get(gid)
+                if g is not None:
+                    self._launch(g, t)
+        elif kind == "launch":
+            g = self.gangs.get(obj)
+            if g is not None:
+                self._launch(g, t)
+        elif kind == "ready":
+            node = self.nodes[obj]
+            if node.t_end is not None or node.gang is None:
+                return
+            node.t_ready = t
+            g = self.gangs.get(node.gang)
+            if g is not None and g.state == GangState.PROVISIONING and all(n.t_ready is not None for n in g.nodes):
+                self._nodes_ready(g, t)
+        elif kind == "live":
+            g = self.gangs.get(obj)
+            if g is not None:
+                self._go_live(g, t)
+        elif kind == "ice":
+            g = self.gangs.get(obj)
+            if g is None or g.state != GangState.PROVISIONING:
+                return
+            assert g.zone is not None
+            self.unavailable[(g.flavor, g.zone, g.capacity_type)] = t + self.cloud.backoff_s
+            for node in g.nodes:  # a gang is all or nothing: give back the nodes that did launch
+                self._release(node, t)
+            g.nodes = []
+            g.state = GangState.WAITING
+            self._launch(g, t)  # another zone, or stop if none is left
+        elif kind == "notice":
+            node = self.nodes[obj]
+            if node.t_end is not None:
+                return
+            self.spot_interruptions += 1
+            self._push(t + self.cloud.spot_notice_s, "reclaim", node.id)
+            g = self.gangs.get(node.gang) if node.gang is not None else None
+            if g is not None:
+                if g.state == GangState.LIVE:
+                    g.state = GangState.DRAINING
+                    self._draining.add(g.id)
+                    assert g.engine_rid is not None
+                    self.engine.drain(g.engine_rid)
+                elif g.state in (GangState.PROVISIONING, GangState.STARTING):
+                    self._stop(g, t, linger=False)
+        elif kind == "reclaim":
+            node = self.nodes[obj]
+            g = self.gangs.get(node.gang) if node.gang is not None else None
+            if g is not None:
+                self._stop(g, t, linger=False)
+            self._release(node, t)
+        elif kind == "drain_timeout":
+            g = self.gangs.get(obj)
+            if g is not None and g.state == GangState.DRAINING:
+                self._stop(g, t)
+        elif kind == "release":
+            node = self.nodes[obj]
+            if node.gang is None:
+                self._release(node, t)
+
+    def finish(self, now: float) -> CloudTotals:
+        """Close the books at the end of the run (every node still up is billed until ``now``)."""
+        for g in list(self.gangs.values()):
+            for node in g.nodes:
+                if node.serve_since is not None:
+                    node.serving_s += now - node.serve_since
+                    node.serve_since = None
+        for node in self.nodes.values():
+            self._release(node, now)
+        return CloudTotals(self._closed_cost, self._closed_dev_h, self._closed_node_h, self._closed_idle_h,
+                           self.scale_up_events, self.capacity_errors, self.spot_interruptions)

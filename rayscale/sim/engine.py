@@ -1,0 +1,392 @@
+"""Time-stepped engine model: every replica of one model, all in-flight requests, numpy per tick.
+
+Same latency model as the emulated engine (rayscale.engines.emulated, Profile's docstring):
+TTFT = queue wait + overhead_s + prompt_tokens / prefill_tokens_per_s, then one token per
+inter-token latency itl = itl_alpha_s + itl_beta_s x running batch; a request is admitted FIFO when the
+replica runs fewer than its slot cap (max_num_seqs, or Ray Serve's max_ongoing_requests) and its KV
+reservation (prompt + output tokens) fits in kv_tokens.
+
+With ``prefill_contention`` (``--prefill-contention``; off by default, as in the emulated engine) prefill is not free: a replica's prefill tokens are processed at
+``prefill_tokens_per_s`` shared by its requests, and while decodes run, each engine iteration carries at
+most ``max_num_batched_tokens`` of prefill (vLLM's chunked prefill), so long prompts slow everyone's
+decode. That is the same physics the estimator's TPOT(b) = alpha + beta*b + b*P/(R*O) averages over.
+For a single request both variants reduce exactly to the profile formula.
+
+Why it is fast: no Python object per request. In-flight requests live in a few parallel numpy arrays.
+All running requests of a replica decode at the same rate, so each replica keeps a *virtual token clock*
+V (decode iterations done so far); a request that starts decoding at V=v finishes when V reaches v+O-1,
+and its finish time is found by inverting the piecewise-linear V(t) of the tick. Each tick is therefore
+a handful of vectorised operations over the in-flight pool plus a short Python loop over the requests
+admitted in that tick (central FIFO queue; the router hands the head request to the least-loaded
+replica that has room, like Ray Serve's router with max_ongoing_requests).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from rayscale.core.catalog import Profile
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+# Replica states inside the engine.
+LIVE, DRAINING, STOPPED = 0, 1, 2
+# Request status.
+PENDING, DONE, FAILED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    tick_s: float = 0.25
+    prefill_contention: bool = False
+    max_num_batched_tokens: int = 2048  # prefill tokens per engine iteration while decodes run
+
+    def __post_init__(self) -> None:
+        if not self.tick_s > 0:
+            raise ValueError(f"engine.tick_s must be > 0, got {self.tick_s}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("engine.max_num_batched_tokens must be >= 1")
+
+
+@dataclass
+class TickResult:
+    """Requests that finished (or failed) during one tick, for the signal windows."""
+
+    done: I64  # trace indices
+    t_fin: F64
+    failed: int
+
+
+class Engine:
+    """All replicas of one model. Replicas are added by the cloud model once their gang is live."""
+
+    def __init__(self, arrival_s: F64, prompt: I64, output: I64, cfg: EngineConfig = EngineConfig(),
+                 max_kv_tokens: int | None = None) -> None:
+        self.cfg = cfg
+        self.arr = np.asarray(arrival_s, dtype=np.float64)
+        self.P = np.asarray(prompt, dtype=np.int64)
+        self.O = np.maximum(np.asarray(output, dtype=np.int64), 1)  # a request yields at least one token
+        n = len(self.arr)
+        self._kv_list = (self.P + self.O).tolist()  # admission loop reads these one by one
+        self._arr_list = self.arr.tolist()
+        # Per-request results.
+        self.status = np.zeros(n, dtype=np.int8)
+        self.ttft = np.full(n, np.nan, dtype=np.float32)
+        self.tpot = np.full(n, np.nan, dtype=np.float32)
+        self.t_fin = np.full(n, np.nan, dtype=np.float64)
+        self.flavor_of = np.full(n, -1, dtype=np.int16)  # flavor index of the replica that served it
+        self.q_head = 0  # next trace index not yet admitted (the central FIFO queue is [q_head, arrived))
+        self.arrived = 0
+        self.failed = 0
+        self.never_fit = max_kv_tokens
+        # Replica arrays (grown on demand).
+        self.nr = 0
+        cap = 16
+        self.r_state = np.full(cap, STOPPED, dtype=np.int8)
+        self.r_flavor = np.zeros(cap, dtype=np.int16)
+        self.r_alpha = np.zeros(cap)
+        self.r_beta = np.zeros(cap)
+        self.r_R = np.ones(cap)
+        self.r_over = np.zeros(cap)
+        self.r_slots = np.zeros(cap, dtype=np.int64)
+        self.r_kvcap = np.zeros(cap, dtype=np.int64)
+        self.r_run = np.zeros(cap, dtype=np.int64)
+        self.r_kv = np.zeros(cap, dtype=np.int64)
+        self.r_V = np.zeros(cap)
+        # In-flight pool, in admission order.
+        self.m = 0  # pool entries in use, tombstones included
+        self.live_m = 0  # in-flight requests
+        self.dead = 0
+        pc = 1024
+        self.p_req = np.zeros(pc, dtype=np.int64)
+        self.p_rep = np.zeros(pc, dtype=np.int64)
+        self.p_rem = np.zeros(pc)  # prefill tokens left
+        self.p_tadm = np.zeros(pc)
+        self.p_tfirst = np.full(pc, np.nan)
+        self.p_vend = np.full(pc, np.inf)
+
+    # --- replicas -------------------------------------------------------------------------------
+
+    def add_replica(self, profile: Profile, flavor_index: int, slot_cap: int | None = None) -> int:
+        r = self.nr
+        if r == len(self.r_state):
+            for name in ("r_state", "r_flavor", "r_alpha", "r_beta", "r_R", "r_over", "r_slots", "r_kvcap",
+                         "r_run", "r_kv", "r_V"):
+                a = getattr(self, name)
+                b = np.zeros(2 * len(a), dtype=a.dtype)
+                b[: len(a)] = a
+                setattr(self, name, b)
+            self.r_state[r:] = STOPPED
+        self.nr += 1
+        self.r_state[r] = LIVE
+        self.r_flavor[r] = flavor_index
+        self.r_alpha[r] = profile.itl_alpha_s
+        self.r_beta[r] = profile.itl_beta_s
+        self.r_R[r] = profile.prefill_tokens_per_s
+        self.r_over[r] = profile.overhead_s
+        self.r_slots[r] = min(profile.max_num_seqs, slot_cap) if slot_cap else profile.max_num_seqs
+        self.r_kvcap[r] = profile.kv_tokens
+        return r
+
+    def drain(self, r: int) -> None:
+        """Stop admitting to replica r; it finishes what it runs."""
+        if self.r_state[r] == LIVE:
+            self.r_state[r] = DRAINING
+
+    def kill(self, r: int, now: float) -> int:
+        """Replica r disappears (node terminated): its in-flight requests fail. Returns how many."""
+        self.r_state[r] = STOPPED
+        m = self.m
+        hit = (self.p_rep[:m] == r) & self._alive(m)
+        k = int(hit.sum())
+        if k:
+            idx = self.p_req[:m][hit]
+            self.status[idx] = FAILED
+            self.t_fin[idx] = now
+            self.failed += k
+            self._bury(np.flatnonzero(hit))
+        self.r_run[r] = 0
+        self.r_kv[r] = 0
+        return k
+
+    def running(self, r: int) -> int:
+        return int(self.r_run[r])
+
+    def idle(self, r: int) -> bool:
+        return self.r_run[r] == 0
+
+    @property
+    def waiting(self) -> int:
+        return self.arrived - self.q_head
+
+    @property
+    def in_flight(self) -> int:
+        return self.live_m
+
+    def kv_usage(self) -> float:
+        live = self.r_state[: self.nr] != STOPPED
+        if not live.any():
+            return 0.0
+        return float((self.r_kv[: self.nr][live] / self.r_kvcap[: self.nr][live]).max())
+
+    # --- the tick -------------------------------------------------------------------------------
+
+    def _grow_pool(self, need: int) -> None:
+        cap = len(self.p_req)
+        if need <= cap:
+            return
+        new = max(need, 2 * cap)
+        for name, fill in (("p_req", 0), ("p_rep", 0), ("p_rem", 0.0), ("p_tadm", 0.0), ("p_tfirst", np.nan),
+                           ("p_vend", np.inf)):
+            a = getattr(self, name)
+            b = np.full(new, fill, dtype=a.dtype)
+            b[:cap] = a
+            setattr(self, name, b)
+
+    def _alive(self, m: int) -> npt.NDArray[np.bool_]:
+        return self.p_tfirst[:m] != np.inf  # finished entries are tombstones: t_first = +inf
+
+    def _bury(self, idx: npt.NDArray[np.int64]) -> None:
+        """Finished entries become tombstones (never start, never finish); compact once they dominate."""
+        self.p_tfirst[idx] = np.inf
+        self.p_vend[idx] = np.inf
+        self.dead += len(idx)
+        self.live_m -= len(idx)
+        if self.dead * 4 > self.live_m:
+            self._compact(self._alive(self.m))
+
+    def _compact(self, keep: npt.NDArray[np.bool_]) -> None:
+        m = self.m
+        k = int(keep.sum())
+        self.dead = 0
+        for name in ("p_req", "p_rep", "p_rem", "p_tadm", "p_tfirst", "p_vend"):
+            a = getattr(self, name)
+            a[:k] = a[:m][keep]
+        self.p_tfirst[k:m] = np.nan
+        self.p_vend[k:m] = np.inf
+        self.m = k
+
+    def _admit(self, T: float, T1: float) -> None:
+        """Hand queued and newly arrived requests, FIFO, to the least-loaded live replica with room."""
+        end = int(np.searchsorted(self.arr, T1, side="left"))
+        self.arrived = max(self.arrived, end)
+        i = self.q_head
+        if i >= end:
+            return
+        nr = self.nr
+        state = self.r_state[:nr]
+        live = np.flatnonzero(state == LIVE)
+        if len(live) == 0:
+            return
+        run = self.r_run[:nr].tolist()
+        kv = self.r_kv[:nr].tolist()
+        slots = self.r_slots[:nr].tolist()
+        kvcap = self.r_kvcap[:nr].tolist()
+        heap = [(run[r], r) for r in live.tolist() if run[r] < slots[r]]
+        heapq.heapify(heap)
+        kv_list, arr_list = self._kv_list, self._arr_list
+        never = self.never_fit
+        a_req: list[int] = []
+        a_rep: list[int] = []
+        a_t: list[float] = []
+        while i < end and heap:
+            kvi = kv_list[i]
+            if never is not None and kvi > never:  # no replica of this model can ever hold it
+                self.status[i] = FAILED
+                self.t_fin[i] = max(arr_list[i], T)
+                self.failed += 1
+                i += 1
+                continue
+            r = heap[0][1]
+            if kv[r] + kvi > kvcap[r]:
+                # The least loaded cannot hold it: any other replica with KV room, least loaded first.
+                pick = None
+                for n2, r2 in sorted(heap):
+                    if kv[r2] + kvi <= kvcap[r2]:
+                        pick = (n2, r2)
+                        break
+                if pick is None:
+                    break  # head-of-line blocking, as in vLLM's FIFO scheduler
+                heap.remove(pick)
+                heapq.heapify(heap)
+                r = pick[1]
+                run[r] += 1
+                kv[r] += kvi
+                if run[r] < slots[r]:
+                    heapq.heappush(heap, (run[r], r))
+            else:
+                run[r] += 1
+                kv[r] += kvi
+                if run[r] < slots[r]:
+                    heapq.heapreplace(heap, (run[r], r))
+                else:
+                    heapq.heappop(heap)
+            a_req.append(i)
+            a_rep.append(r)
+            t = arr_list[i]
+            a_t.append(t if t > T else T)
+            i += 1
+        self.q_head = i
+        k = len(a_req)
+        if not k:
+            return
+        self.r_run[:nr] = run
+        self.r_kv[:nr] = kv
+        m = self.m
+        self._grow_pool(m + k)
+        req = np.asarray(a_req, dtype=np.int64)
+        rep = np.asarray(a_rep, dtype=np.int64)
+        tadm = np.asarray(a_t)
+        self.p_req[m : m + k] = req
+        self.p_rep[m : m + k] = rep
+        self.p_tadm[m : m + k] = tadm
+        self.p_rem[m : m + k] = self.P[req]
+        if self.cfg.prefill_contention:
+            self.p_tfirst[m : m + k] = np.nan
+        else:
+            self.p_tfirst[m : m + k] = tadm + self.r_over[rep] + self.P[req] / self.r_R[rep]
+        self.p_vend[m : m + k] = np.inf
+        self.m = m + k
+        self.live_m += k
+
+    def step(self, T: float, dt: float) -> TickResult:
+        """Advance every replica from T to T + dt."""
+        T1 = T + dt
+        failed0 = self.failed
+        self._admit(T, T1)
+        m, nr = self.m, self.nr
+        if self.live_m == 0:
+            return TickResult(np.zeros(0, dtype=np.int64), np.zeros(0), self.failed - failed0)
+        rep = self.p_rep[:m]
+        tfirst = self.p_tfirst[:m]
+        vend = self.p_vend[:m]
+        b = self.r_run[:nr]
+        alpha, beta, R = self.r_alpha[:nr], self.r_beta[:nr], self.r_R[:nr]
+        s = alpha + beta * np.maximum(b, 1)  # decode iteration time at this batch
+        V0 = self.r_V[:nr]
+        if self.cfg.prefill_contention:
+            pf = np.isnan(tfirst)
+            pf_idx = np.flatnonzero(pf)
+            tp = np.zeros(nr)
+            vrate = 1.0 / s
+            if len(pf_idx):
+                rem = self.p_rem[pf_idx]
+                prep = rep[pf_idx]
+                backlog = np.bincount(prep, weights=rem, minlength=nr)
+                decoders = b - np.bincount(prep, minlength=nr)
+                c = float(self.cfg.max_num_batched_tokens)
+                chunk_rate = c / (s + c / R)  # prefill tokens/s when every iteration carries a full chunk
+                sat = (decoders > 0) & (backlog > chunk_rate * dt)
+                rho = np.where(sat, chunk_rate, R)
+                processed = np.minimum(backlog, rho * dt)
+                tp = np.where(sat, 0.0, processed / R)  # prefill first, then decode, inside the tick
+                vrate = np.where(sat, chunk_rate / c, 1.0 / s)
+                # FIFO per replica: cumulative prompt tokens within each replica's prefill queue.
+                order = np.argsort(prep, kind="stable")
+                r_sorted = prep[order]
+                x = rem[order]
+                cs = np.cumsum(x)
+                starts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1]])
+                base = (cs - x)[starts]
+                cum = cs - np.repeat(base, np.diff(np.r_[starts, len(x)]))
+                done_pf = cum <= processed[r_sorted] + 1e-6
+                pos = pf_idx[order]
+                if done_pf.any():
+                    d = pos[done_pf]
+                    rd = r_sorted[done_pf]
+                    req = self.p_req[d]
+                    t_done = np.maximum(T + cum[done_pf] / rho[rd], self.p_tadm[d] + self.P[req] / R[rd])
+                    tfirst[d] = t_done + self.r_over[rd]
+                    self.p_rem[d] = 0.0
+                nd = ~done_pf
+                if nd.any():
+                    p2 = pos[nd]
+                    self.p_rem[p2] = np.minimum(self.p_rem[p2], cum[nd] - processed[r_sorted[nd]])
+        else:
+            tp = np.zeros(nr)
+            vrate = 1.0 / s
+        # Requests whose first token falls in this tick start decoding on their replica's token clock.
+        start = np.isinf(vend) & (tfirst < T1)
+        if start.any():
+            si = np.flatnonzero(start)
+            rs = rep[si]
+            v0 = V0[rs] + np.maximum(tfirst[si] - T - tp[rs], 0.0) * vrate[rs]
+            vend[si] = v0 + (self.O[self.p_req[si]] - 1)
+        V1 = V0 + np.maximum(dt - tp, 0.0) * vrate
+        fin = vend <= V1[rep] + 1e-9
+        if fin.any():
+            fi = np.flatnonzero(fin)
+            rf = rep[fi]
+            req = self.p_req[fi]
+            tf = np.maximum(T + tp[rf] + (vend[fi] - V0[rf]) / vrate[rf], tfirst[fi])
+            o = self.O[req]
+            self.status[req] = DONE
+            self.ttft[req] = tfirst[fi] - self.arr[req]
+            self.tpot[req] = np.where(o > 1, (tf - tfirst[fi]) / np.maximum(o - 1, 1), 0.0)
+            self.t_fin[req] = tf
+            self.flavor_of[req] = self.r_flavor[rf]
+            np.subtract.at(self.r_run, rf, 1)
+            np.subtract.at(self.r_kv, rf, self.P[req] + o)
+            self._bury(fi)
+            done_req, done_t = req, tf
+        else:
+            done_req, done_t = np.zeros(0, dtype=np.int64), np.zeros(0)
+        self.r_V[:nr] = V1
+        # Draining replicas that emptied are done.
+        drained = (self.r_state[:nr] == DRAINING) & (self.r_run[:nr] == 0)
+        if drained.any():
+            self.r_state[:nr][drained] = STOPPED
+        return TickResult(done_req, done_t, self.failed - failed0)
+
+    def fail_unfinished(self, now: float) -> int:
+        """End of simulation: whatever is still queued or in flight counts as failed."""
+        left = np.flatnonzero(self.status == PENDING)
+        self.status[left] = FAILED
+        self.t_fin[left] = now
+        self.failed += len(left)
+        return len(left)

@@ -1,0 +1,330 @@
+"""The simulation loop: trace -> engine ticks, cloud events and one policy, on a simulated clock.
+
+Every ``control_period_s`` the policy sees what a controller would see (ModelSignals built from the
+simulated metrics over the last ``signal_window_s``; Ray Serve's ongoing-request average for the stock
+policy) and sets replica targets; the cloud model turns targets into gangs of nodes with delays; the
+engine advances every replica by one tick. Pure and deterministic for a given trace, config and seed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rayscale.core.catalog import Catalog
+from rayscale.core.plan import PlannerSettings
+from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
+from rayscale.sim.cloud import CloudConfig, Cluster
+from rayscale.sim.engine import DONE, FAILED, Engine, EngineConfig
+from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
+from rayscale.sim.trace import Trace
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: str = "mistral-7b"
+    seed: int = 0
+    control_period_s: float = 5.0
+    signal_window_s: float = 30.0  # arrival rate, mix and latency percentiles the controller sees
+    history_window_s: float = 60.0  # one forecaster sample per this long
+    history_len: int = 120
+    drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
+    timeline_bucket_s: float = 60.0
+    forecaster: str = "trend"
+    # The greedy solver keeps a 5 s control period affordable (the exact MILP costs 20-120 ms a call);
+    # pass PlannerSettings(solver="auto") to replay the controller's default exactly.
+    planner: PlannerSettings = field(default_factory=lambda: PlannerSettings(solver="greedy"))
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    cloud: CloudConfig = field(default_factory=CloudConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("control_period_s", "signal_window_s", "history_window_s", "timeline_bucket_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+@dataclass
+class SimResult:
+    policy: str
+    trace: str
+    model: str
+    requests: int
+    slo_attainment: float
+    ttft_p95_s: float
+    tpot_p95_s: float
+    cost_usd: float
+    accelerator_hours: float
+    idle_node_hours: float
+    failed_requests: int
+    scale_up_events: int
+    wall_s: float
+    sim_s: float = 0.0
+    node_hours: float = 0.0
+    capacity_errors: int = 0
+    spot_interruptions: int = 0
+    ticks: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    timeline: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        """The --json object: every scalar field (timeline left out)."""
+        out: dict[str, Any] = {}
+        for k, v in self.__dict__.items():
+            if k == "timeline":
+                continue
+            out[k] = round(v, 6) if isinstance(v, float) else v
+        out.update({k: round(v, 6) if isinstance(v, float) else v for k, v in out.pop("extra").items()})
+        return out
+
+
+class Simulation:
+    def __init__(self, catalog: Catalog, trace: Trace, policy: Policy, cfg: SimConfig = SimConfig()) -> None:
+        if cfg.model not in catalog.models:
+            raise ValueError(f"unknown model {cfg.model!r}; allowed: {sorted(catalog.models)}")
+        if len(trace) == 0:
+            raise ValueError(f"trace {trace.name!r} has no requests")
+        self.catalog, self.trace, self.policy, self.cfg = catalog, trace, policy, cfg
+        self.model = cfg.model
+        self.spec = catalog.models[cfg.model]
+        self.rng = np.random.default_rng(cfg.seed)
+        flavors = policy.flavors(catalog, cfg.model)
+        max_kv = max(catalog.profile(cfg.model, f).kv_tokens for f in flavors)
+        self.arr = trace.arrival_s
+        self.prompt = trace.prompt_tokens
+        self.output = np.maximum(trace.output_tokens, 1)
+        self.engine = Engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv)
+        self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
+                               slot_cap=policy.slot_cap)
+        self.flavors = flavors
+        self._done: deque[tuple[float, np.ndarray]] = deque()  # (tick end, finished trace indices)
+        self._ongoing: deque[tuple[float, float]] = deque()
+        self._ongoing_sum = 0.0
+        self._history: deque[float] = deque(maxlen=cfg.history_len)
+        self._next_hist = cfg.history_window_s
+        self._last_mix: RequestMix | None = None
+        self._samples: list[tuple[float, float, dict[str, int], int]] = []
+
+    # --- what the policies may look at --------------------------------------------------------
+
+    def typical_startup_s(self) -> float:
+        fl = [self.catalog.flavors[f].node_startup_s + self.catalog.profile(self.model, f).startup_s
+              for f in self.flavors]
+        return float(np.median(fl))
+
+    def _count(self, lo_t: float, hi_t: float) -> tuple[int, int]:
+        return (int(np.searchsorted(self.arr, lo_t, side="left")), int(np.searchsorted(self.arr, hi_t, side="left")))
+
+    def future_load(self, now: float, window_s: float) -> tuple[float, RequestMix]:
+        """Perfect foresight: the true arrival rate and mix of [now, now + window_s)."""
+        lo, hi = self._count(now, now + window_s)
+        mix = window_mix(self.prompt[lo:hi], self.output[lo:hi]) or self.trace_mix()
+        return (hi - lo) / window_s, mix
+
+    def trace_mix(self) -> RequestMix:
+        mix = window_mix(self.prompt, self.output)
+        assert mix is not None
+        return mix
+
+    def peak_rate(self, window_s: float = 60.0) -> float:
+        """Highest arrival rate over any window_s-long window starting at an arrival."""
+        ends = np.searchsorted(self.arr, self.arr + window_s, side="left")
+        return float((ends - np.arange(len(self.arr))).max()) / window_s
+
+    def initial_signals(self) -> ModelSignals:
+        rate, mix = self.future_load(0.0, self.cfg.signal_window_s)
+        return ModelSignals(self.model, Freshness.FRESH, 0.0, rate, mix, waiting=0.0)
+
+    def mean_ongoing(self, now: float, look_back_s: float) -> float:
+        """Ray Serve's total_num_requests: running + queued, averaged over the look-back window."""
+        q = self._ongoing
+        while q and q[0][0] < now - look_back_s:
+            self._ongoing_sum -= q.popleft()[1]
+        return self._ongoing_sum / len(q) if q else 0.0
+
+    def signals(self, now: float) -> ModelSignals:
+        """What the observe shell would hand the core: one window of aggregated metrics."""
+        w = min(self.cfg.signal_window_s, max(now, self.cfg.control_period_s))
+        lo, hi = self._count(now - w, now)
+        rate = (hi - lo) / w
+        while self._done and self._done[0][0] < now - self.cfg.signal_window_s:
+            self._done.popleft()
+        done = np.concatenate([d for _, d in self._done]) if self._done else np.zeros(0, dtype=np.int64)
+        if hi > lo:
+            # Prompt lengths are known at arrival, output lengths only once requests finish.
+            out = self.output[done] if len(done) else (self.output[lo:hi] if self._last_mix is None else None)
+            out_mean = float(out.mean()) if out is not None else (self._last_mix.output_mean if self._last_mix else 1.0)
+            p = self.prompt[lo:hi]
+            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), float(np.percentile(p, 95)))
+        eng = self.engine
+        ttft = eng.ttft[done]
+        tpot = eng.tpot[done][self.output[done] > 1]
+        per_flavor: dict[str, FlavorObservation] = {}
+        live = self.cluster.live_by_flavor()
+        fl_of = eng.flavor_of[done]
+        for i, f in enumerate(self.flavors):
+            n = live.get(f, 0)
+            if n == 0:
+                continue
+            sel = done[fl_of == i]
+            sel_tpot = eng.tpot[sel][self.output[sel] > 1]
+            per_flavor[f] = FlavorObservation(
+                replicas=n,
+                running_per_replica=self._running_on(i) / n,
+                ttft_p95_s=float(np.percentile(eng.ttft[sel], 95)) if len(sel) else None,
+                tpot_p95_s=float(np.percentile(sel_tpot, 95)) if len(sel_tpot) else None,
+                prompt_mean=float(self.prompt[sel].mean()) if len(sel) else None,
+            )
+        return ModelSignals(
+            self.model, Freshness.FRESH, 0.0, rate, self._last_mix,
+            waiting=float(eng.waiting), running=float(eng.in_flight),
+            ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else None,
+            tpot_p95_s=float(np.percentile(tpot, 95)) if len(tpot) else None,
+            kv_usage=eng.kv_usage(), per_flavor=per_flavor, rate_history=tuple(self._history),
+        )
+
+    def _running_on(self, flavor_index: int) -> float:
+        eng = self.engine
+        sel = (eng.r_flavor[: eng.nr] == flavor_index) & (eng.r_state[: eng.nr] != 2)
+        return float(eng.r_run[: eng.nr][sel].sum())
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self, progress: bool = False) -> SimResult:
+        t0 = time.perf_counter()
+        cfg, eng, cl = self.cfg, self.engine, self.cluster
+        dt = cfg.engine.tick_s
+        n = len(self.arr)
+        last = float(self.arr[-1])
+        self.policy.warm_start(self)
+        cl.advance(0.0)
+        next_control = cfg.control_period_s
+        next_sample = 0.0
+        T = 0.0
+        ticks = 0
+        bar = _progress(last, progress)
+        while True:
+            if next_control <= T + 1e-9:
+                self.policy.control(T, self)
+                next_control += cfg.control_period_s
+            if next_sample <= T + 1e-9:
+                self._samples.append((T, cl.usd_per_h(), cl.live_by_flavor(), eng.waiting + eng.in_flight))
+                next_sample += cfg.timeline_bucket_s
+            cl.advance(T)
+            res = eng.step(T, dt)
+            T += dt
+            ticks += 1
+            if len(res.done):
+                self._done.append((T, res.done))
+            ongoing = float(eng.waiting + eng.in_flight)
+            self._ongoing.append((T, ongoing))
+            self._ongoing_sum += ongoing
+            if len(self._ongoing) > 4096:  # keep the window bounded even if nobody reads it
+                self.mean_ongoing(T, 600.0)
+            while self._next_hist <= T + 1e-9:
+                lo, hi = self._count(self._next_hist - cfg.history_window_s, self._next_hist)
+                self._history.append((hi - lo) / cfg.history_window_s)
+                self._next_hist += cfg.history_window_s
+            if bar is not None and ticks % 400 == 0:
+                bar.update(min(T, last) - bar.n)
+            if last < T and eng.q_head >= n and eng.in_flight == 0:
+                break
+            if last + cfg.drain_tail_s < T:
+                break
+        if bar is not None:
+            bar.update(max(last - bar.n, 0))
+            bar.close()
+        if isinstance(self.policy, OraclePolicy):
+            self.policy.accrue(T)
+        eng.fail_unfinished(T)
+        totals = cl.finish(T)
+        return self._result(T, ticks, time.perf_counter() - t0, totals)
+
+    def _result(self, end: float, ticks: int, wall: float, totals: Any) -> SimResult:
+        eng = self.engine
+        slo = self.spec.slo
+        done = eng.status == DONE
+        ttft = eng.ttft[done]
+        multi = done & (self.output > 1)
+        tpot = eng.tpot[multi]
+        # A single-token answer has no inter-token time: it meets the TPOT SLO by definition.
+        tpot_ok = np.where(self.output > 1, eng.tpot <= slo.tpot_p95_s + 1e-9, True)
+        ok = done & (eng.ttft <= slo.ttft_p95_s + 1e-9) & tpot_ok
+        n = len(self.arr)
+        extra = self.policy.extra()
+        cost, dev_h = totals.cost_usd, totals.accelerator_hours
+        if isinstance(self.policy, OraclePolicy):
+            extra = {"integer_cost_usd": cost, "integer_accelerator_hours": dev_h}
+            cost, dev_h = self.policy.fluid_usd, self.policy.fluid_dev_h
+        return SimResult(
+            policy=self.policy.name, trace=self.trace.name, model=self.model, requests=n,
+            slo_attainment=float(ok.sum()) / n,
+            ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else math.nan,
+            tpot_p95_s=float(np.percentile(tpot, 95)) if len(tpot) else math.nan,
+            cost_usd=cost, accelerator_hours=dev_h, idle_node_hours=totals.idle_node_hours,
+            failed_requests=int((eng.status == FAILED).sum()), scale_up_events=totals.scale_up_events,
+            wall_s=wall, sim_s=end, node_hours=totals.node_hours, capacity_errors=totals.capacity_errors,
+            spot_interruptions=totals.spot_interruptions, ticks=ticks, extra=extra,
+            timeline=self._timeline(end, ok),
+        )
+
+    def _timeline(self, end: float, ok: np.ndarray) -> dict[str, Any]:
+        """Per-bucket load, replicas per flavor, latency and cost, for plots and the notebook."""
+        b = self.cfg.timeline_bucket_s
+        nb = max(1, math.ceil(end / b))
+        edges = np.arange(nb + 1) * b
+        arrivals = np.histogram(self.arr, edges)[0] / b
+        eng = self.engine
+        fin = np.isfinite(eng.t_fin)
+        bucket = np.minimum((eng.t_fin[fin] // b).astype(np.int64), nb - 1)
+        ttft_p95 = np.full(nb, np.nan)
+        tpot_p95 = np.full(nb, np.nan)
+        att = np.full(nb, np.nan)
+        tt, tp, okf, outf = eng.ttft[fin], eng.tpot[fin], ok[fin], self.output[fin]
+        order = np.argsort(bucket, kind="stable")
+        bs = bucket[order]
+        starts = np.searchsorted(bs, np.arange(nb), side="left")
+        stops = np.searchsorted(bs, np.arange(nb), side="right")
+        for k in range(nb):
+            idx = order[starts[k]:stops[k]]
+            if not len(idx):
+                continue
+            x = tt[idx]
+            x = x[np.isfinite(x)]
+            if len(x):
+                ttft_p95[k] = np.percentile(x, 95)
+            y = tp[idx][outf[idx] > 1]
+            y = y[np.isfinite(y)]
+            if len(y):
+                tpot_p95[k] = np.percentile(y, 95)
+            att[k] = okf[idx].mean()
+        t_s = np.array([s[0] for s in self._samples])
+        replicas = {f: np.array([s[2].get(f, 0) for s in self._samples]) for f in self.flavors}
+        return {
+            "bucket_s": b, "t_s": edges[:-1], "arrival_rps": arrivals, "ttft_p95_s": ttft_p95,
+            "tpot_p95_s": tpot_p95, "slo_attainment": att,
+            "sample_t_s": t_s, "usd_per_h": np.array([s[1] for s in self._samples]),
+            "replicas": {f: v for f, v in replicas.items() if v.any()},
+            "ongoing": np.array([s[3] for s in self._samples]),
+        }
+
+
+def _progress(total: float, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, unit="sim-s", unit_scale=True, leave=False, desc="simulating")
+
+
+def simulate(catalog: Catalog, trace: Trace, policy: str | Policy, cfg: SimConfig = SimConfig(),
+             progress: bool = False) -> SimResult:
+    """Run one policy over a trace. ``policy`` is a name (rayscale, stock, static-peak, oracle) or a Policy."""
+    pol = make_policy(policy, cfg.planner, cfg.forecaster) if isinstance(policy, str) else policy
+    return Simulation(catalog, trace, pol, cfg).run(progress)

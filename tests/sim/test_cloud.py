@@ -1,0 +1,115 @@
+"""The cloud model: gangs, capacity errors, spot notices."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayscale.config import load_catalog
+from rayscale.sim.cloud import ActuatorConfig, CloudConfig, Cluster, GangState, Outage
+from rayscale.sim.engine import Engine
+
+CAT = load_catalog()
+
+
+NO_ERRORS = CloudConfig(capacity_error_rate=0.0, spot_capacity_error_rate=0.0)
+DEFAULT_ACT = ActuatorConfig()
+
+
+def cluster(model="mistral-7b", flavors=("a10g",), cloud=NO_ERRORS, act=DEFAULT_ACT, seed=0):
+    eng = Engine(np.array([0.0]), np.array([10]), np.array([10]))
+    return Cluster(CAT, model, eng, list(flavors), np.random.default_rng(seed), cloud, act), eng
+
+
+def run_until(cl, t_end, dt=1.0, t=0.0):
+    while t <= t_end:
+        cl.advance(t)
+        t += dt
+    return t
+
+
+def test_gang_live_only_when_all_nodes_up():
+    # qwen2-72b on a10g is TP4 x PP2: two g5.12xlarge nodes per replica.
+    cl, eng = cluster("qwen2-72b", ("a10g",))
+    assert cl.shape("a10g", "on-demand").nodes == 2
+    cl.set_target("a10g", "on-demand", 1, 0.0)
+    run_until(cl, 2.0)
+    (g,) = cl.gangs.values()
+    assert len(g.nodes) == 2
+    ready = []
+    t = 2.0
+    while g.state != GangState.LIVE:
+        cl.advance(t)
+        n_ready = sum(n.t_ready is not None for n in g.nodes)
+        if n_ready < 2:
+            assert g.state == GangState.PROVISIONING and eng.nr == 0
+        ready.append(n_ready)
+        t += 1.0
+        assert t < 5000
+    assert 1 in ready or ready[0] == 2  # the nodes came up one after the other
+    assert g.t_live >= max(n.t_ready for n in g.nodes) + 0.5 * CAT.profile("qwen2-72b", "a10g").startup_s * 0.3
+    assert eng.nr == 1
+
+
+def test_gpu_nodes_start_slower_than_cpu():
+    cl, _ = cluster()
+    cl.set_target("a10g", "on-demand", 20, 0.0)
+    run_until(cl, 3000)
+    gpu = [n.t_ready - n.t_launch for n in cl.nodes.values()]
+    cl2, _ = cluster("tiny-qwen2", ("cpu",))
+    cl2.set_target("cpu", "on-demand", 3, 0.0)
+    run_until(cl2, 300)
+    cpu = [n.t_ready - n.t_launch for n in cl2.nodes.values()]
+    assert min(gpu) > max(cpu)
+    assert 200 < np.mean(gpu) < 400  # around Flavor.node_startup_s = 300
+
+
+def test_capacity_error_backs_off_zone_and_retries_elsewhere():
+    out = CloudConfig(capacity_error_rate=0.0, outages=(Outage("a10g", 0, 10_000, zone="us-east-1a"),))
+    cl, _ = cluster(cloud=out)
+    cl.set_target("a10g", "on-demand", 1, 0.0)
+    run_until(cl, 2000)
+    assert cl.capacity_errors == 1
+    assert ("a10g", "us-east-1a", "on-demand") in cl.unavailable
+    (g,) = cl.gangs.values()
+    assert g.state == GangState.LIVE and g.zone != "us-east-1a"
+
+
+def test_capacity_errors_everywhere_drop_the_replica():
+    out = CloudConfig(outages=(Outage("a10g", 0, 10_000),))
+    cl, _ = cluster(cloud=out)
+    cl.set_target("a10g", "on-demand", 1, 0.0)
+    run_until(cl, 200)
+    assert cl.capacity_errors == 3 and cl.count("a10g", "on-demand") == 0
+
+
+def test_spot_interruption_notice_drains_then_kills():
+    cloud = CloudConfig(capacity_error_rate=0.0, spot_capacity_error_rate=0.0, spot_interruptions_per_node_h=2.0)
+    cl, eng = cluster(cloud=cloud, seed=3)
+    cl.set_target("a10g", "spot", 1, 0.0)
+    (g,) = cl.gangs.values()
+    t, notice, live_before = 0.0, None, False
+    while t < 20_000 and notice is None:
+        cl.advance(t)
+        live_before = live_before or g.state == GangState.LIVE
+        if cl.spot_interruptions:
+            notice = t
+        t += 1.0
+    assert notice is not None and g.nodes
+    node = g.nodes[0]
+    if live_before:
+        # Stops taking requests at the notice (idle here, so it drains at once).
+        assert g.state in (GangState.DRAINING, GangState.STOPPED) and eng.r_state[g.engine_rid] != 0
+    assert cl.count("a10g", "spot") == 0  # the policy sees it gone and can replace it at once
+    run_until(cl, notice + 125, t=t)
+    assert node.t_end is not None and node.t_end - notice <= 120 + 1
+
+
+def test_spot_is_cheaper_and_billing_stops_at_release():
+    cl, _ = cluster()
+    cl.set_target("a10g", "on-demand", 1, 0.0)
+    cl.set_target("a10g", "spot", 1, 0.0)
+    run_until(cl, 3600, dt=10.0)
+    tot = cl.finish(3600.0)
+    od = CAT.price("a10g", "g5.xlarge", "on-demand")
+    assert tot.cost_usd < 2 * od and tot.cost_usd > od
+    assert tot.node_hours <= 2.0

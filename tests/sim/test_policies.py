@@ -1,0 +1,111 @@
+"""Policies behave as specified; determinism; the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from rayscale.commands import simulate as simulate_cmd
+from rayscale.config import load_catalog
+from rayscale.sim.policies import StockPolicy
+from rayscale.sim.simulator import SimConfig, Simulation, simulate
+from rayscale.sim.sources import TraceSpecError, load_spec
+
+CAT = load_catalog()
+
+
+def cli_main(argv: list[str]) -> int:
+    # The same parser `rayscale` builds, restricted to this command (works before cli.py lists it).
+    parser = argparse.ArgumentParser(prog="rayscale")
+    simulate_cmd.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+TRACE = load_spec("gen:bursty:base=2,burst=8,every_s=1200,burst_s=240,hours=0.5", seed=1)
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {p: simulate(CAT, TRACE, p, SimConfig(seed=1)) for p in ("rayscale", "stock", "static-peak", "oracle")}
+
+
+def test_stock_never_leaves_one_flavor(results):
+    r = results["stock"]
+    assert set(r.timeline["replicas"]) == {"a10g"}
+    sim = Simulation(CAT, TRACE, StockPolicy(), SimConfig(seed=1))
+    sim.run()
+    assert {n.flavor for n in sim.cluster.nodes.values()} == {"a10g"}
+    assert {n.capacity_type for n in sim.cluster.nodes.values()} == {"on-demand"}
+    assert {n.instance_type for n in sim.cluster.nodes.values()} == {"g5.xlarge"}  # cheapest that fits
+
+
+def test_oracle_cost_is_a_lower_bound(results):
+    o = results["oracle"].cost_usd
+    for name, r in results.items():
+        assert o <= r.cost_usd + 1e-9, name
+    assert results["oracle"].slo_attainment >= 0.99
+
+
+def test_static_peak_meets_slo_and_never_scales(results):
+    r = results["static-peak"]
+    assert r.slo_attainment >= 0.99 and r.scale_up_events == 0
+
+
+def test_summary_keys_and_sanity(results):
+    keys = {"policy", "requests", "slo_attainment", "ttft_p95_s", "tpot_p95_s", "cost_usd", "accelerator_hours",
+            "idle_node_hours", "failed_requests", "scale_up_events", "wall_s"}
+    for r in results.values():
+        s = r.summary()
+        assert keys <= set(s)
+        assert s["requests"] == len(TRACE) and 0 <= s["slo_attainment"] <= 1 and s["cost_usd"] > 0
+
+
+def test_stock_uses_rays_default_policy_on_the_simulated_clock():
+    pol = StockPolicy()
+    sim = Simulation(CAT, TRACE, pol, SimConfig())
+    pol.warm_start(sim)
+    pol.target = 2
+    # 20 ongoing at target 2 per replica wants 10 replicas, but only after upscale_delay_s (30 s).
+    assert pol.decide(1000.0, 20.0, 2) == 2
+    assert pol.decide(1015.0, 20.0, 2) == 2
+    assert pol.decide(1030.0, 20.0, 2) == 10
+
+
+def test_deterministic_with_a_seed():
+    short = TRACE.window(600, 1200)  # includes a burst
+    a = simulate(CAT, short, "rayscale", SimConfig(seed=7)).summary()
+    b = simulate(CAT, short, "rayscale", SimConfig(seed=7)).summary()
+    a.pop("wall_s"), b.pop("wall_s")
+    assert a == b
+
+
+def test_bad_inputs_name_the_problem(tmp_path):
+    with pytest.raises(TraceSpecError, match="unknown generator 'nope'"):
+        load_spec("gen:nope")
+    with pytest.raises(TraceSpecError, match="'rate'"):
+        load_spec("gen:poisson:rate=fast")
+    bad = tmp_path / "t.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0,abc,3\n")
+    with pytest.raises(ValueError, match=r"t\.csv"):
+        load_spec(str(bad))
+    with pytest.raises(ValueError, match="unknown policy"):
+        simulate(CAT, TRACE, "magic")
+
+
+def test_cli_json_keys(capsys):
+    rc = cli_main(["simulate", "--trace", "gen:poisson:rate=2,hours=0.1", "--policy", "all", "--json",
+                   "--no-progress"])
+    assert rc == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["policy"] for r in rows] == ["rayscale", "stock", "static-peak", "oracle"]
+    for r in rows:
+        assert {"policy", "requests", "slo_attainment", "ttft_p95_s", "tpot_p95_s", "cost_usd", "accelerator_hours",
+                "idle_node_hours", "failed_requests", "scale_up_events", "wall_s"} <= set(r)
+
+
+def test_cli_errors(capsys, tmp_path):
+    assert cli_main(["simulate", "--trace", str(tmp_path / "missing.csv")]) == 2
+    assert "missing.csv" in capsys.readouterr().err
+    assert cli_main(["simulate", "--trace", "gen:poisson", "--model", "nope"]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err
