@@ -8,5 +8,6 @@ each handler imports what it needs when it runs and returns an exit code.
 COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "simulate",
+    "render",
     "controller",
 )

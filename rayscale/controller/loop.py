@@ -141,6 +141,12 @@ class Controller:
         actions = []
         if serve.ok:
             gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
+            sync = getattr(self.actuator, "sync_serving", None)
+            if sync is not None:  # Kubernetes: karpenter.sh/do-not-disrupt follows the replicas
+                try:
+                    sync(gangs)
+                except Exception as e:
+                    errors.append(f"sync_serving: {e}")
             actions = decide(self.catalog, result.target(), gangs, serve.target, serve.running,
                              self.unavailable, t0, cfg.act)
             errors += self._apply(actions, serve, t0)

@@ -1,0 +1,501 @@
+"""The Kubernetes actuator: gangs of Karpenter NodeClaims, joined to Ray through KubeRay worker groups.
+
+Level-triggered: every call reads the world (NodeClaims and Nodes by rayscale's ownership labels, the
+RayCluster's worker pods, the RayCluster) and moves each gang one step; nothing blocks beyond one API
+call with bounded retries. What a restarted controller needs is in the cluster:
+
+- NodeClaims ``{gang}-{i}`` carry the ownership labels (owner, gang, model, flavor, capacity type,
+  zone, size, created-at, member index, ``karpenter.sh/nodepool``); Karpenter copies them to the Node.
+  Deterministic names make a repeated create a 409, never a second gang.
+- ``rayscale.io/gang-complete`` on member 0 says every member was created: a member missing before it
+  is one a crash never created (create it now); after it, one Karpenter deleted (the gang FAILED).
+- ``rayscale.io/deleting`` on the claims says the gang is being released.
+- ``rayscale.io/ray-worker=true`` on a Node says its gang was admitted to Ray (every member
+  Initialized); worker pods select it. The worker group's replicas are the count of admitted Nodes.
+
+Up: ``create_gang`` creates every NodeClaim of the gang (one zone, instance type and capacity type
+from the flavor, ``expireAfter: Never``). Once every member is Initialized the Nodes are labelled and the
+worker group's replicas raised; the gang is READY when a worker pod of its group runs on each of its
+Nodes (``node_ids`` = Node names). A member that failed to launch, was deleted or is not Initialized in
+time makes the gang FAILED with the reason; the controller deletes it whole and backs off the zone.
+
+Down: ``delete_gang`` (after Serve drained it) marks the claims; then the Nodes lose the admission label
+and ``do-not-disrupt``; the worker group's replicas are lowered and ``scaleStrategy.workersToDelete``
+names exactly the pods on the gang's Nodes, in one write (never while an earlier list is pending, as
+KubeRay asks); once those pods are gone the list is cleared, and only then the NodeClaims are deleted
+(Karpenter's finalizer drains and terminates the instances).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rayscale.cluster.actuator import (
+    LABEL_CAPACITY,
+    LABEL_CREATED,
+    LABEL_FLAVOR_KEY,
+    LABEL_GANG,
+    LABEL_MODEL,
+    LABEL_OWNER,
+    LABEL_SIZE,
+    LABEL_ZONE,
+    OWNER,
+)
+from rayscale.cluster.kube.client import KubeError, RetryPolicy, call
+from rayscale.cluster.kube.naming import (
+    ANN_COMPLETE,
+    ANN_DELETING,
+    ANN_DO_NOT_DISRUPT,
+    L_CAPACITY_TYPE,
+    L_INSTANCE_TYPE,
+    L_ZONE,
+    LABEL_MEMBER,
+    LABEL_NODEPOOL,
+    LABEL_RAY_WORKER,
+    claim_name,
+    nodeclass_name,
+    nodepool_name,
+    worker_group_name,
+)
+from rayscale.controller.act import CreateGang, Gang, GangPhase
+from rayscale.core.catalog import Catalog
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
+RAY = ("ray.io", "v1")
+OWNED = f"{LABEL_OWNER}={OWNER}"
+
+
+@dataclass(frozen=True)
+class KubeActuatorConfig:
+    namespace: str = "rayscale"
+    raycluster: str = "rayscale"
+    node_class_group: str = "karpenter.k8s.aws"
+    node_class_kind: str = "EC2NodeClass"
+    # A member not Initialized this long after the gang was created fails the gang (x node_startup_s).
+    init_timeout_factor: float = 3.0
+    init_timeout_s: dict[str, float] = field(default_factory=dict)  # per flavor, overrides the factor
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    conflict_retries: int = 4
+
+
+def _cond(obj: Obj, type_: str) -> Obj | None:
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if c.get("type") == type_:
+            return dict(c)
+    return None
+
+
+def _is_true(obj: Obj, type_: str) -> bool:
+    c = _cond(obj, type_)
+    return c is not None and c.get("status") == "True"
+
+
+def _labels(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def _annotations(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def _running(pod: Obj) -> bool:
+    st = pod.get("status") or {}
+    return st.get("phase") == "Running" and _is_true(pod, "Ready")
+
+
+@dataclass
+class _View:
+    """One gang as read from the cluster in this pass."""
+
+    name: str
+    claims: dict[int, Obj]
+    nodes: dict[int, Obj]  # member index -> Node, for members that registered
+    labels: dict[str, str]
+    instance_type: str
+    deleting: bool
+    complete: bool
+    reason: str = ""
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.get(LABEL_SIZE, "1"))
+
+    @property
+    def group(self) -> str:
+        return worker_group_name(self.labels.get(LABEL_FLAVOR_KEY, ""), self.instance_type)
+
+    def node_names(self) -> set[str]:
+        return {n["metadata"]["name"] for n in self.nodes.values()}
+
+    def admitted(self) -> list[str]:
+        return sorted(n["metadata"]["name"] for n in self.nodes.values()
+                      if _labels(n).get(LABEL_RAY_WORKER) == "true")
+
+
+class KubeActuator:
+    """The Actuator protocol over the official ``kubernetes`` client (see the module docstring)."""
+
+    def __init__(self, catalog: Catalog, api_client: Any, config: KubeActuatorConfig | None = None,
+                 *, seed: int | None = None) -> None:
+        self.catalog = catalog
+        self.config = config or KubeActuatorConfig()
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self._rng = random.Random(seed)
+        # Memory that only improves reports; a restarted actuator works without it.
+        self._created: dict[str, CreateGang] = {}  # gangs this process created, to see all members vanish
+        self._created_s: dict[str, float] = {}
+        self._launch_errors: dict[str, str] = {}  # claim -> last Launched=False message seen
+        self.last_errors: list[str] = []
+
+    # --- API helpers ---------------------------------------------------------------------------------
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return call(self.config.retry, fn, *args, rng=self._rng, **kwargs)
+
+    def _raw(self, fn: Any, *args: Any, **kwargs: Any) -> Obj:
+        resp = self._call(fn, *args, _preload_content=False, **kwargs)
+        out: Obj = json.loads(resp.data)
+        return out
+
+    def _list_claims(self, selector: str = OWNED) -> list[Obj]:
+        items: list[Obj] = self._raw(self.custom.list_cluster_custom_object, *KARPENTER,
+                                     label_selector=selector)["items"]
+        return items
+
+    def _patch_claim(self, name: str, body: Obj) -> None:
+        try:
+            self._call(self.custom.patch_cluster_custom_object, *KARPENTER, name, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _patch_node(self, name: str, body: Obj) -> None:
+        try:
+            self._call(self.core.patch_node, name, body)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _delete_claim(self, name: str) -> None:
+        try:
+            self._call(self.custom.delete_cluster_custom_object, *KARPENTER, name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    # --- NodeClaims ----------------------------------------------------------------------------------
+    def nodeclaim(self, action: CreateGang, member: int, now: float) -> Obj:
+        """The NodeClaim for one member of a gang (also what render/tests validate)."""
+        fl = self.catalog.flavors[action.flavor]
+        labels = {
+            LABEL_OWNER: OWNER, LABEL_GANG: action.name, LABEL_MODEL: action.model,
+            LABEL_FLAVOR_KEY: action.flavor, LABEL_CAPACITY: action.capacity_type, LABEL_ZONE: action.zone,
+            LABEL_SIZE: str(action.nodes), LABEL_CREATED: f"{now:.3f}", LABEL_MEMBER: str(member),
+            # Karpenter then manages it like its own: pool limits, timeouts, termination, interruption.
+            LABEL_NODEPOOL: nodepool_name(fl),
+        }
+        spec: Obj = {
+            "nodeClassRef": {"group": self.config.node_class_group, "kind": self.config.node_class_kind,
+                             "name": nodeclass_name(fl)},
+            "requirements": [
+                {"key": L_INSTANCE_TYPE, "operator": "In", "values": [action.instance_type]},
+                {"key": L_ZONE, "operator": "In", "values": [action.zone]},  # a gang is one zone
+                {"key": L_CAPACITY_TYPE, "operator": "In", "values": [action.capacity_type]},
+            ],
+            "expireAfter": "Never",  # released by rayscale after a drain, never by age
+        }
+        devices = fl.instance(action.instance_type).devices
+        if fl.resource_name != "cpu":
+            spec["resources"] = {"requests": {fl.resource_name: str(devices)}}
+        if fl.taints:
+            spec["taints"] = [{"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
+                              for t in fl.taints]
+        return {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                "metadata": {"name": claim_name(action.name, member), "labels": labels}, "spec": spec}
+
+    def _create_members(self, action: CreateGang, created_s: float, members: list[int]) -> None:
+        for i in members:
+            try:
+                self._call(self.custom.create_cluster_custom_object, *KARPENTER,
+                           self.nodeclaim(action, i, created_s))
+            except ApiException as e:
+                if e.status != 409:  # AlreadyExists: created before (a retry or a restart)
+                    raise
+        # Every member exists now: a member missing from here on was deleted, not never created.
+        self._patch_claim(claim_name(action.name, 0), {"metadata": {"annotations": {ANN_COMPLETE: "true"}}})
+
+    # --- Actuator ------------------------------------------------------------------------------------
+    def create_gang(self, action: CreateGang, now: float) -> None:
+        existing = self._list_claims(f"{OWNED},{LABEL_GANG}={action.name}")
+        if any(ANN_DELETING in _annotations(c) or c["metadata"].get("deletionTimestamp") for c in existing):
+            return  # an earlier gang of this name is still being released; decide() asks again later
+        if existing:
+            return  # exists (a restart, a repeated action): reconcile completes any missing member
+        self._created[action.name] = action
+        self._created_s[action.name] = now
+        self._create_members(action, now, list(range(action.nodes)))
+
+    def delete_gang(self, name: str) -> None:
+        self._created.pop(name, None)
+        for c in self._list_claims(f"{OWNED},{LABEL_GANG}={name}"):
+            if ANN_DELETING not in _annotations(c):
+                self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DELETING: "true"}}})
+
+    def mark_serving(self, name: str, serving: bool) -> None:
+        """``karpenter.sh/do-not-disrupt`` on the gang's NodeClaims and Nodes while Serve replicas run there."""
+        want = "true" if serving else None
+        claims = self._list_claims(f"{OWNED},{LABEL_GANG}={name}")
+        nodes = {n["metadata"]["name"]: n for n in
+                 self._raw(self.core.list_node, label_selector=f"{OWNED},{LABEL_GANG}={name}")["items"]}
+        for c in claims:
+            if ANN_DELETING in _annotations(c) and serving:
+                continue  # never pin a gang being released
+            if _annotations(c).get(ANN_DO_NOT_DISRUPT) != want:
+                self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: want}}})
+        for n in nodes.values():
+            if _annotations(n).get(ANN_DO_NOT_DISRUPT) != want:
+                self._patch_node(n["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: want}}})
+
+    def sync_serving(self, gangs: list[Gang]) -> None:
+        """Derive do-not-disrupt from ``Gang.serving`` (the controller's join with Serve)."""
+        for g in gangs:
+            if g.phase == GangPhase.READY:
+                self.mark_serving(g.name, g.serving > 0)
+
+    def close(self) -> None:
+        pass
+
+    def gangs(self, now: float) -> list[Gang]:
+        """Advance every gang one step and report them all. Raises KubeError if the API is unavailable:
+        a period without a view decides nothing (never a half view that would double-create)."""
+        try:
+            return self._reconcile(now)
+        except ApiException as e:
+            raise KubeError(f"kubernetes API: {e.status} {e.reason}") from e
+
+    # --- reconcile -----------------------------------------------------------------------------------
+    def _reconcile(self, now: float) -> list[Gang]:
+        cfg = self.config
+        claims = self._list_claims()
+        nodes = {n["metadata"]["name"]: n for n in self._raw(self.core.list_node, label_selector=OWNED)["items"]}
+        pods = self._raw(self.core.list_namespaced_pod, cfg.namespace,
+                         label_selector=f"ray.io/cluster={cfg.raycluster},ray.io/node-type=worker")["items"]
+        views = self._views(claims, nodes)
+        for name, action in list(self._created.items()):
+            if name not in views:  # every member vanished: Karpenter deleted them (e.g. capacity error)
+                views[name] = _View(name, {}, {}, self._labels_of(action), action.instance_type, False, True)
+        for v in views.values():
+            if v.deleting:
+                self._teardown_nodes(v)
+            else:
+                self._advance(v, now)
+        pending = self._sync_groups(views, pods)
+        pods_on: dict[str, int] = defaultdict(int)
+        for p in pods:
+            pods_on[(p.get("spec") or {}).get("nodeName") or ""] += 1
+        out = []
+        for v in sorted(views.values(), key=lambda v: v.name):
+            if v.deleting:
+                busy = any(pods_on.get(n) for n in v.node_names())
+                if not busy and not pending.get(v.group):
+                    for c in v.claims.values():
+                        if not c["metadata"].get("deletionTimestamp"):
+                            self._delete_claim(c["metadata"]["name"])
+                if not v.claims and v.name in self._created:
+                    self._created.pop(v.name, None)
+                continue  # a gang being released is no longer the controller's to count
+            out.append(self._report(v, pods, now))
+        return out
+
+    def _labels_of(self, a: CreateGang) -> dict[str, str]:
+        created = self._created_s.get(a.name)
+        return {LABEL_GANG: a.name, LABEL_MODEL: a.model, LABEL_FLAVOR_KEY: a.flavor,
+                LABEL_CAPACITY: a.capacity_type, LABEL_ZONE: a.zone, LABEL_SIZE: str(a.nodes),
+                **({LABEL_CREATED: f"{created:.3f}"} if created is not None else {})}
+
+    def _views(self, claims: list[Obj], nodes: dict[str, Obj]) -> dict[str, _View]:
+        by_gang: dict[str, dict[int, Obj]] = defaultdict(dict)
+        for c in claims:
+            lb = _labels(c)
+            if LABEL_GANG in lb and LABEL_MEMBER in lb:
+                by_gang[lb[LABEL_GANG]][int(lb[LABEL_MEMBER])] = c
+        views = {}
+        for gang, members in by_gang.items():
+            first = members[min(members)]
+            itype = next((r["values"][0] for r in first["spec"].get("requirements") or ()
+                          if r.get("key") == L_INSTANCE_TYPE and r.get("values")), "")
+            member_nodes = {}
+            for i, c in members.items():
+                node = nodes.get((c.get("status") or {}).get("nodeName") or "")
+                if node is not None:
+                    member_nodes[i] = node
+                launched = _cond(c, "Launched")
+                if launched and launched.get("status") == "False":
+                    self._launch_errors[c["metadata"]["name"]] = \
+                        f"{launched.get('reason', '')}: {launched.get('message', '')}".strip(": ")
+            views[gang] = _View(
+                gang, members, member_nodes, _labels(first), itype,
+                deleting=any(ANN_DELETING in _annotations(c) for c in members.values()),
+                complete=(0 in members and ANN_COMPLETE in _annotations(members[0])) or 0 not in members,
+            )
+        return views
+
+    def _failure(self, v: _View, now: float) -> str:
+        missing = [i for i in range(v.size) if i not in v.claims]
+        for _i, c in sorted(v.claims.items()):
+            name = c["metadata"]["name"]
+            if c["metadata"].get("deletionTimestamp"):
+                return f"member {name} is being deleted by Karpenter {self._why(name)}".strip()
+            launched = _cond(c, "Launched")
+            if launched and launched.get("status") == "False":
+                return f"member {name} failed to launch: {self._why(name)}"
+        if missing and v.complete:
+            names = [claim_name(v.name, i) for i in missing]
+            whys = "; ".join(self._launch_errors[n] for n in names if n in self._launch_errors)
+            return (f"member(s) {', '.join(names)} deleted by Karpenter"
+                    + (f": {whys}" if whys else " (launch failure, interruption or timeout)"))
+        flavor = v.labels.get(LABEL_FLAVOR_KEY, "")
+        timeout = self.config.init_timeout_s.get(flavor)
+        if timeout is None and flavor in self.catalog.flavors:
+            timeout = self.config.init_timeout_factor * self.catalog.flavors[flavor].node_startup_s
+        created = float(v.labels.get(LABEL_CREATED, now))
+        slow = [c["metadata"]["name"] for c in v.claims.values() if not _is_true(c, "Initialized")]
+        if timeout is not None and slow and now - created > timeout:
+            return f"member(s) {', '.join(slow)} not Initialized after {now - created:.0f}s"
+        return ""
+
+    def _why(self, claim: str) -> str:
+        return self._launch_errors.get(claim, "")
+
+    def _advance(self, v: _View, now: float) -> None:
+        v.reason = self._failure(v, now)
+        if v.reason:
+            return  # the controller deletes it whole; nothing more to build
+        if not v.complete and 0 in v.claims:
+            # A crash between creates: finish the gang as it was asked (labels and spec of member 0).
+            missing = [i for i in range(v.size) if i not in v.claims]
+            lb = v.labels
+            action = CreateGang(v.name, lb.get(LABEL_MODEL, ""), lb.get(LABEL_FLAVOR_KEY, ""),
+                                lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type,
+                                v.size, "resume after restart")
+            self._create_members(action, float(lb.get(LABEL_CREATED, now)), missing)
+            v.complete = True
+            return
+        up = len(v.claims) == v.size and all(_is_true(c, "Initialized") for c in v.claims.values())
+        if not up or len(v.nodes) != v.size:
+            return
+        for n in v.nodes.values():  # the whole gang is up: admit it to Ray in one pass
+            if _labels(n).get(LABEL_RAY_WORKER) != "true":
+                self._patch_node(n["metadata"]["name"], {"metadata": {"labels": {LABEL_RAY_WORKER: "true"}}})
+                n["metadata"].setdefault("labels", {})[LABEL_RAY_WORKER] = "true"
+
+    def _teardown_nodes(self, v: _View) -> None:
+        for c in v.claims.values():
+            ann = _annotations(c)
+            if ANN_DELETING not in ann or ANN_DO_NOT_DISRUPT in ann:
+                self._patch_claim(c["metadata"]["name"],
+                                  {"metadata": {"annotations": {ANN_DELETING: "true", ANN_DO_NOT_DISRUPT: None}}})
+        for n in v.nodes.values():
+            if LABEL_RAY_WORKER in _labels(n) or ANN_DO_NOT_DISRUPT in _annotations(n):
+                # No new Ray pod may land here, and Karpenter may now terminate it.
+                self._patch_node(n["metadata"]["name"],
+                                 {"metadata": {"labels": {LABEL_RAY_WORKER: None},
+                                               "annotations": {ANN_DO_NOT_DISRUPT: None}}})
+                n["metadata"].get("labels", {}).pop(LABEL_RAY_WORKER, None)
+
+    def _sync_groups(self, views: dict[str, _View], pods: list[Obj]) -> dict[str, bool]:
+        """Worker-group replicas = admitted Nodes of live gangs; surplus pods named in workersToDelete.
+
+        Returns, per group, whether a workersToDelete list is still pending after this pass."""
+        admitted: dict[str, set[str]] = defaultdict(set)
+        for v in views.values():
+            if not v.deleting:
+                admitted[v.group] |= set(v.admitted())
+        for attempt in range(self.config.conflict_retries):
+            try:
+                rc = self._raw(self.custom.get_namespaced_custom_object, *RAY, self.config.namespace,
+                               "rayclusters", self.config.raycluster)
+            except ApiException as e:
+                if e.status == 404:
+                    self.last_errors = [f"RayCluster {self.config.namespace}/{self.config.raycluster} not found"]
+                    return {}
+                raise
+            pending, changed = self._plan_groups(rc, admitted, pods)
+            if not changed:
+                return pending
+            try:
+                self._call(self.custom.replace_namespaced_custom_object, *RAY, self.config.namespace,
+                           "rayclusters", self.config.raycluster, rc)
+                return pending
+            except ApiException as e:
+                if e.status != 409 or attempt == self.config.conflict_retries - 1:
+                    raise
+                log.debug("RayCluster changed under us; re-reading")  # resourceVersion moved: decide again
+        return {}
+
+    @staticmethod
+    def _plan_groups(rc: Obj, admitted: dict[str, set[str]], pods: list[Obj]) -> tuple[dict[str, bool], bool]:
+        existing = {p["metadata"]["name"] for p in pods}
+        pending: dict[str, bool] = {}
+        changed = False
+        for g in (rc.get("spec") or {}).get("workerGroupSpecs") or []:
+            gname = g["groupName"]
+            mine = admitted.get(gname, set())
+            want = len(mine)
+            live = [p for p in pods if _labels(p).get("ray.io/group") == gname
+                    and not p["metadata"].get("deletionTimestamp")]
+            cur_r = int(g.get("replicas") or 0)
+            w = list((g.get("scaleStrategy") or {}).get("workersToDelete") or [])
+            if any(n in existing for n in w):
+                # KubeRay's rule: no new deletes while earlier ones are pending; raising is safe.
+                new_r, new_w = max(cur_r, want), w
+            else:
+                surplus = len(live) - want
+                new_w = []
+                if surplus > 0:
+                    # Never a pod on an admitted Node: pods of released gangs first, then unbound ones.
+                    extra = sorted((p for p in live if (p.get("spec") or {}).get("nodeName") not in mine),
+                                   key=lambda p: (not (p.get("spec") or {}).get("nodeName"), p["metadata"]["name"]))
+                    new_w = [p["metadata"]["name"] for p in extra[:surplus]]
+                    new_r = len(live) - len(new_w)
+                else:
+                    new_r = want
+            pending[gname] = any(n in existing for n in new_w)
+            if new_r != cur_r or new_w != w:
+                g["replicas"] = new_r
+                g.setdefault("scaleStrategy", {})["workersToDelete"] = new_w
+                changed = True
+        return pending, changed
+
+    def _report(self, v: _View, pods: list[Obj], now: float) -> Gang:
+        lb = v.labels
+        phase, reason = GangPhase.PENDING, v.reason
+        node_ids: tuple[str, ...] = ()
+        if reason:
+            phase = GangPhase.FAILED
+        else:
+            admitted = v.admitted()
+            running = {(p.get("spec") or {}).get("nodeName") for p in pods
+                       if _labels(p).get("ray.io/group") == v.group and _running(p)}
+            if len(admitted) == v.size and all(n in running for n in admitted):
+                phase, node_ids = GangPhase.READY, tuple(admitted)
+            elif admitted:
+                reason = "waiting for Ray worker pods on its nodes"
+            else:
+                reason = f"{sum(_is_true(c, 'Initialized') for c in v.claims.values())}/{v.size} nodes initialized"
+        return Gang(v.name, lb.get(LABEL_MODEL, ""), lb.get(LABEL_FLAVOR_KEY, ""),
+                    lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type, v.size, phase,
+                    float(lb.get(LABEL_CREATED, now)), reason=reason, node_ids=node_ids)
+
+
+__all__ = ["KubeActuator", "KubeActuatorConfig", "KubeError"]

@@ -1,0 +1,65 @@
+"""`rayscale render`: write the Karpenter NodePools / EC2NodeClasses, the RayCluster / RayService and the
+controller's manifests, generated from the flavor catalog (see rayscale.cluster.render)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rayscale.commands.plan import add_catalog_args
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("render", help="write Kubernetes manifests (NodePools, RayCluster/RayService, controller)",
+                       description="Render nodepools/ and deployments/k8s/ from the flavor catalog; every "
+                                   "manifest is validated against the CRD schemas before it is written.")
+    add_catalog_args(p)
+    p.add_argument("--out", default=".", help="directory to write nodepools/ and deployments/k8s/ into")
+    p.add_argument("--serve-config", action="append", default=None,
+                   help="serve config(s) for serveConfigV2 (default: deployments/*.yaml except local-*; "
+                        "none: one generated from the catalog)")
+    p.add_argument("--cluster-name", default="rayscale", help="EKS cluster name (discovery tags, node role)")
+    p.add_argument("--namespace", default="rayscale")
+    p.add_argument("--image", default="rayscale:0.1.0")
+    p.add_argument("--neuron-image", default="rayscale:0.1.0-neuron")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file under --out differs")
+    p.add_argument("--no-validate", action="store_true", help="skip CRD schema validation")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from rayscale.cluster import crdschema
+    from rayscale.cluster.render import RenderSettings, default_serve_configs, render, stale, write
+    from rayscale.config import load_catalog
+    from rayscale.core.catalog import CatalogError
+
+    try:
+        cat = load_catalog(args.models, args.flavors, args.profiles)
+        if args.only_models or args.only_flavors:
+            cat = cat.subset(args.only_models, args.only_flavors)
+    except CatalogError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    serve = args.serve_config if args.serve_config is not None else [str(p) for p in default_serve_configs(".")]
+    settings = RenderSettings(cluster_name=args.cluster_name, namespace=args.namespace, image=args.image,
+                              neuron_image=args.neuron_image, serve_configs=tuple(serve))
+    files = render(cat, settings)
+    if not args.no_validate:
+        crds = crdschema.load_crds()
+        errors = [err for rel, text in files.items() for doc in yaml.safe_load_all(text) if doc
+                  for err in crdschema.validate_all(doc, source=rel, crds=crds)]
+        if errors:
+            for err in errors:
+                print(f"invalid: {err}", file=sys.stderr)
+            return 1
+    if args.check:
+        bad = stale(files, args.out)
+        for rel in bad:
+            print(f"stale: {rel} (run `rayscale render --out {args.out}`)", file=sys.stderr)
+        return 1 if bad else 0
+    for p in write(files, args.out):
+        print(p)
+    return 0

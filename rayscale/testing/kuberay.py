@@ -1,0 +1,244 @@
+"""A KubeRay stand-in for the emulator: RayCluster -> head and worker pods, as the operator does.
+
+Modelled on ray-project/kuberay ``ray-operator/controllers/ray/raycluster_controller.go``
+(``reconcilePods``, at feeaf72f) for single-host indexing:
+- one head pod per RayCluster, worker pods per ``workerGroupSpecs[]``, created with generateName
+  ``{cluster}-{group}-worker-`` (``utils.PodName``: prefix clipped to 50 characters, lower-cased) and the
+  labels ``ray.io/cluster``, ``ray.io/group``, ``ray.io/node-type``, ``ray.io/is-ray-node``, an
+  ownerReference to the RayCluster (so deleting the cluster garbage-collects them);
+- the desired count is ``replicas`` clamped to [minReplicas, maxReplicas] times ``numOfHosts``
+  (``GetWorkerGroupDesiredReplicas``), 0 when ``suspend``;
+- every pod named in ``scaleStrategy.workersToDelete`` is deleted on every pass, whatever
+  ``replicas`` says (404 ignored); the diff is then taken against the remaining pods, so the client
+  must lower ``replicas`` in the same write or KubeRay creates replacements;
+- the operator does NOT clear ``workersToDelete`` in the stored spec (it clears a copy; the Ray
+  autoscaler patches the list away once the pods are gone, kuberay#733). ``clear_workers_to_delete``
+  turns on the behaviour some expect, for tests that want it;
+- with ``enableInTreeAutoscaling: true`` surplus pods are never deleted at random (only via
+  workersToDelete); without it, surplus pods are deleted in list order;
+- ``status``: desired/min/max/ready/available worker replicas, state ``ready`` once head and all
+  desired workers run, observedGeneration, head pod name and IP.
+
+Scheduling and pod start are done by ``PodScheduler`` (run inside this stand-in unless
+``schedule=False``): pods stay Pending when no Node fits their nodeSelector, tolerations and requests.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from rayscale.testing.kubeapi import ApiError, Store, now_rfc3339
+from rayscale.testing.scheduler import Clock, PodScheduler, StandIn
+
+Obj = dict[str, Any]
+
+L_CLUSTER = "ray.io/cluster"
+L_GROUP = "ray.io/group"
+L_NODE_TYPE = "ray.io/node-type"
+HEAD_GROUP = "headgroup"
+
+
+def worker_pod_prefix(cluster: str, group: str) -> str:
+    """``utils.PodName(cluster-group, worker, true)``: the generateName of a worker pod."""
+    return f"{cluster}-{group}"[:50].lower() + "-worker-"
+
+
+def desired_workers(group: Obj) -> int:
+    if group.get("suspend"):
+        return 0
+    lo = int(group.get("minReplicas") or 0)
+    hi = group.get("maxReplicas")
+    replicas = group.get("replicas")
+    n = lo if replicas is None or replicas < lo else replicas
+    if hi is not None and n > hi:
+        n = int(hi)
+    return int(n) * max(1, int(group.get("numOfHosts") or 1))
+
+
+def _running_ready(pod: Obj) -> bool:
+    st = pod.get("status") or {}
+    return st.get("phase") == "Running" and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or ()
+    )
+
+
+class KubeRayStandIn(StandIn):
+    watched = ("rayclusters", "pods", "nodes")
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clear_workers_to_delete: bool = False,
+        schedule: bool = True,
+        pod_start_delay: float = 0.0,
+        clock: Clock | None = None,
+        tick: float = 0.02,
+    ) -> None:
+        super().__init__(store, clock=clock, tick=tick)
+        self.clear_workers_to_delete = clear_workers_to_delete
+        self.scheduler = (
+            PodScheduler(store, start_delay=pod_start_delay, clock=clock, tick=tick) if schedule else None
+        )
+        self.deleted_pods: list[str] = []  # names deleted by this operator, in order
+        self.created_pods: list[str] = []
+
+    def step(self) -> None:
+        clusters, _ = self.store.list("rayclusters")
+        for rc in clusters:
+            if rc["metadata"].get("deletionTimestamp"):
+                continue
+            self._reconcile(rc)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        for rc in clusters:
+            if not rc["metadata"].get("deletionTimestamp"):
+                self._update_status(rc["metadata"]["name"], rc["metadata"]["namespace"])
+
+    # -- pods -----------------------------------------------------------------------------------------
+
+    def _reconcile(self, rc: Obj) -> None:
+        meta, spec = rc["metadata"], rc.get("spec") or {}
+        ns, name = meta["namespace"], meta["name"]
+        pods, _ = self.store.list("pods", ns, f"{L_CLUSTER}={name}")
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        heads = [p for p in live if p["metadata"]["labels"].get(L_NODE_TYPE) == "head"]
+        if not heads and spec.get("headGroupSpec"):
+            self._create_pod(rc, spec["headGroupSpec"], HEAD_GROUP, "head", f"{name}-head-"[:56].lower())
+        autoscaling = bool(spec.get("enableInTreeAutoscaling"))
+        cleared = False
+        groups = spec.get("workerGroupSpecs") or []
+        for group in groups:
+            gname = group["groupName"]
+            gpods = [
+                p
+                for p in live
+                if p["metadata"]["labels"].get(L_GROUP) == gname
+                and p["metadata"]["labels"].get(L_NODE_TYPE) == "worker"
+            ]
+            if group.get("suspend"):
+                for p in gpods:
+                    self._delete_pod(ns, p["metadata"]["name"])
+                continue
+            deleted: set[str] = set()
+            to_delete = list((group.get("scaleStrategy") or {}).get("workersToDelete") or [])
+            for pod_name in to_delete:
+                if self._delete_pod(ns, pod_name):
+                    deleted.add(pod_name)
+            remaining = [p for p in gpods if p["metadata"]["name"] not in deleted]
+            diff = desired_workers(group) - len(remaining)
+            if diff > 0:
+                for _ in range(diff):
+                    self._create_pod(rc, group, gname, "worker", worker_pod_prefix(name, gname))
+            elif diff < 0 and not autoscaling:
+                for p in remaining[:-diff]:
+                    self._delete_pod(ns, p["metadata"]["name"])
+            if to_delete and self.clear_workers_to_delete:
+                group.setdefault("scaleStrategy", {})["workersToDelete"] = []
+                cleared = True
+        if cleared:
+            self.store.patch(
+                "rayclusters",
+                name,
+                [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+                    {"op": "replace", "path": "/spec/workerGroupSpecs", "value": groups},
+                ],
+                ns,
+                patch_type="json",
+            )
+
+    def _create_pod(self, rc: Obj, group: Obj, gname: str, node_type: str, generate_name: str) -> None:
+        meta = rc["metadata"]
+        template = copy.deepcopy(group.get("template") or {})
+        tmeta = template.get("metadata") or {}
+        labels = {
+            **(tmeta.get("labels") or {}),
+            L_CLUSTER: meta["name"],
+            L_GROUP: gname,
+            L_NODE_TYPE: node_type,
+            "ray.io/is-ray-node": "yes",
+            "app.kubernetes.io/created-by": "kuberay-operator",
+            "app.kubernetes.io/name": "kuberay",
+        }
+        pod: Obj = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": generate_name,
+                "namespace": meta["namespace"],
+                "labels": labels,
+                "annotations": dict(tmeta.get("annotations") or {}),
+                "ownerReferences": [
+                    {
+                        "apiVersion": rc["apiVersion"],
+                        "kind": "RayCluster",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": template.get("spec") or {"containers": []},
+        }
+        if not pod["metadata"]["annotations"]:
+            del pod["metadata"]["annotations"]
+        created = self.store.create("pods", pod, meta["namespace"])
+        self.created_pods.append(created["metadata"]["name"])
+
+    def _delete_pod(self, ns: str, name: str) -> bool:
+        try:
+            self.store.delete("pods", name, ns)
+        except ApiError as e:
+            if e.code == 404:
+                return False
+            raise
+        self.deleted_pods.append(name)
+        return True
+
+    # -- status ---------------------------------------------------------------------------------------
+
+    def _update_status(self, name: str, ns: str) -> None:
+        rc = self.store.try_get("rayclusters", name, ns)
+        if rc is None:
+            return
+        spec = rc.get("spec") or {}
+        pods, _ = self.store.list("pods", ns, f"{L_CLUSTER}={name}")
+        workers = [p for p in pods if p["metadata"]["labels"].get(L_NODE_TYPE) == "worker"]
+        heads = [p for p in pods if p["metadata"]["labels"].get(L_NODE_TYPE) == "head"]
+        groups = spec.get("workerGroupSpecs") or []
+        desired = sum(desired_workers(g) for g in groups)
+        ready = sum(1 for p in workers if _running_ready(p))
+        all_ready = bool(heads) and all(_running_ready(p) for p in heads) and ready == desired == len(workers)
+        old = rc.get("status") or {}
+        status: Obj = {
+            **old,
+            "desiredWorkerReplicas": desired,
+            "minWorkerReplicas": sum(
+                int(g.get("minReplicas") or 0) * max(1, int(g.get("numOfHosts") or 1))
+                for g in groups
+                if not g.get("suspend")
+            ),
+            "maxWorkerReplicas": sum(
+                int(g.get("maxReplicas") or 0) * max(1, int(g.get("numOfHosts") or 1))
+                for g in groups
+                if not g.get("suspend")
+            ),
+            "readyWorkerReplicas": ready,
+            "availableWorkerReplicas": sum(
+                1 for p in workers if (p.get("status") or {}).get("phase") == "Running"
+            ),
+            "observedGeneration": rc["metadata"].get("generation", 1),
+        }
+        if all_ready:
+            status["state"] = "ready"
+        if heads:
+            head = {"podName": heads[0]["metadata"]["name"]}
+            if (heads[0].get("status") or {}).get("podIP"):
+                head["podIP"] = heads[0]["status"]["podIP"]
+            status["head"] = head
+        if status != old:
+            status["lastUpdateTime"] = now_rfc3339()
+            self.store.patch("rayclusters", name, {"status": status}, ns, subresource="status")

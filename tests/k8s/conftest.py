@@ -1,0 +1,38 @@
+"""Fixtures for the Kubernetes-facing tests: an emulator per test and official clients bound to it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from rayscale.testing.kubeapi import KubeAPIServer
+
+
+@dataclass
+class Clients:
+    api_client: Any
+    core: client.CoreV1Api
+    custom: client.CustomObjectsApi
+    apps: client.AppsV1Api
+
+
+@pytest.fixture
+def api() -> Iterator[KubeAPIServer]:
+    server = KubeAPIServer(default_watch_timeout=10).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def k8s(api: KubeAPIServer) -> Iterator[Clients]:
+    c = api.api_client()
+    try:
+        yield Clients(c, client.CoreV1Api(c), client.CustomObjectsApi(c), client.AppsV1Api(c))
+    finally:
+        c.close()

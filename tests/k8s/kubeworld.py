@@ -1,0 +1,99 @@
+"""A small world for actuator tests: the HTTP emulator, the Karpenter and KubeRay stand-ins on a manual
+clock, the rendered RayCluster, and KubeActuators built on the official client."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from rayscale.cluster.kube import KubeActuator, KubeActuatorConfig, RetryPolicy
+from rayscale.cluster.render import RenderSettings, render
+from rayscale.controller.act import Gang
+from rayscale.core.catalog import Catalog
+from rayscale.testing.karpenter import Delays, KarpenterConfig, KarpenterStandIn
+from rayscale.testing.kubeapi import KubeAPIServer
+from rayscale.testing.kuberay import KubeRayStandIn
+from rayscale.testing.scheduler import ManualClock
+
+NS = "rayscale"
+RC = "rayscale"
+FAST_RETRY = RetryPolicy(attempts=5, base_s=0.005, max_s=0.02, request_timeout_s=5.0)
+
+
+@dataclass
+class World:
+    api: KubeAPIServer
+    catalog: Catalog
+    clock: ManualClock
+    karpenter: KarpenterStandIn
+    kuberay: KubeRayStandIn
+    clients: list[Any] = field(default_factory=list)
+    act: KubeActuator | None = None
+
+    def actuator(self) -> KubeActuator:
+        """A fresh actuator (a restarted controller): no memory but what the cluster holds."""
+        c = self.api.api_client()
+        self.clients.append(c)
+        self.act = KubeActuator(self.catalog, c, KubeActuatorConfig(namespace=NS, raycluster=RC, retry=FAST_RETRY),
+                                seed=1)
+        return self.act
+
+    def step(self, dt: float = 5.0) -> None:
+        self.clock.advance(dt)
+        self.karpenter.step()
+        self.kuberay.step()
+
+    def tick(self, dt: float = 5.0) -> list[Gang]:
+        self.step(dt)
+        assert self.act is not None
+        return self.act.gangs(self.clock.now())
+
+    def until(self, pred: Callable[[list[Gang]], bool], ticks: int = 40, what: str = "") -> list[Gang]:
+        for _ in range(ticks):
+            gangs = self.tick()
+            if pred(gangs):
+                return gangs
+        raise AssertionError(f"not reached in {ticks} ticks: {what}; gangs={gangs}")
+
+    # --- reading the world -------------------------------------------------------------------------
+    def claims(self, gang: str | None = None) -> list[dict[str, Any]]:
+        sel = "rayscale.io/owned-by=rayscale" + (f",rayscale.io/gang={gang}" if gang else "")
+        return sorted(self.api.store.list("nodeclaims", label_selector=sel)[0], key=lambda c: c["metadata"]["name"])
+
+    def group(self, name: str) -> dict[str, Any]:
+        rc = self.api.store.get("rayclusters", RC, NS)
+        return next(g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == name)
+
+    def workers(self, group: str | None = None) -> list[dict[str, Any]]:
+        pods = self.api.store.list("pods", NS, f"ray.io/cluster={RC},ray.io/node-type=worker")[0]
+        return [p for p in pods if group is None or p["metadata"]["labels"]["ray.io/group"] == group]
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+_RC: dict[int, dict[str, Any]] = {}
+
+
+def rendered_raycluster(catalog: Catalog) -> dict[str, Any]:
+    """The RayCluster `rayscale render` writes (rendered once per catalog)."""
+    if id(catalog) not in _RC:
+        files = render(catalog, RenderSettings(namespace=NS, raycluster=RC))
+        _RC[id(catalog)] = next(d for d in yaml.safe_load_all(files["deployments/k8s/raycluster.yaml"]) if d)
+    return copy.deepcopy(_RC[id(catalog)])
+
+
+def make_world(api: KubeAPIServer, catalog: Catalog, delays: Delays | None = None) -> World:
+    api.store.create("rayclusters", rendered_raycluster(catalog), NS)
+    clock = ManualClock()
+    k = KarpenterStandIn(api.store, KarpenterConfig(delays=delays or Delays(launch=5, register=5, initialize=5)),
+                         clock=clock)
+    r = KubeRayStandIn(api.store, clock=clock)
+    w = World(api, catalog, clock, k, r)
+    w.actuator()
+    return w

@@ -1,0 +1,256 @@
+"""KubeActuator against the HTTP emulator with the Karpenter and KubeRay stand-ins (official client)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import yaml
+
+from rayscale.cluster.kube import KubeError
+from rayscale.cluster.render import CLUSTER_RULES, NAMESPACE_RULES
+from rayscale.config import load_catalog
+from rayscale.controller.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
+from rayscale.core.catalog import Catalog
+from rayscale.testing.kubeapi import KubeAPIServer
+
+from .kubeworld import NS, World, make_world
+
+BIG = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2 on A10G: two g5.12xlarge per gang
+GROUP = "a10g-g5-12xlarge"
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+@pytest.fixture
+def world(catalog: Catalog) -> Iterator[World]:
+    api = KubeAPIServer(default_watch_timeout=10, namespaces=("default", NS)).start()
+    w = make_world(api, catalog)
+    try:
+        yield w
+    finally:
+        w.close()
+        api.stop()
+
+
+def created_claims(w: World) -> int:
+    """Successful NodeClaim creates (POSTs carry no name; a double create shows as one too many)."""
+    return sum(1 for r in w.api.requests_for("create", "nodeclaims") if r.code == 201)
+
+
+def act(w: World, target: dict[tuple[str, str, str], int], gangs: list[Gang],
+        unavailable: dict[tuple[str, str, str], float] | None = None) -> list[object]:
+    """One controller step on the real decide(): apply gang actions as the controller does."""
+    unavailable = unavailable if unavailable is not None else {}
+    actions = decide(w.catalog, target, gangs, {}, {}, unavailable, w.clock.now())
+    assert w.act is not None
+    for a in actions:
+        if isinstance(a, CreateGang):
+            w.act.create_gang(a, w.clock.now())
+        elif isinstance(a, DeleteGang):
+            w.act.delete_gang(a.name)
+        elif isinstance(a, BackOff):
+            unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
+    return actions
+
+
+def ready(name: str) -> Callable[[list[Gang]], bool]:
+    return lambda gs: any(g.name == name and g.phase == GangPhase.READY for g in gs)
+
+
+def up(w: World, n: int = 1) -> list[Gang]:
+    gangs: list[Gang] = []
+    act(w, {BIG: n}, gangs)
+    return w.until(lambda gs: len(gs) == n and all(g.phase == GangPhase.READY for g in gs), what="gangs ready")
+
+
+def test_gang_up_is_whole_and_workers_come_only_after_every_member_is_initialized(world: World) -> None:
+    w = world
+    actions = act(w, {BIG: 1}, [])
+    (create,) = actions
+    assert isinstance(create, CreateGang) and create.instance_type == "g5.12xlarge" and create.nodes == 2
+    claims = w.claims(create.name)
+    assert [c["metadata"]["name"] for c in claims] == [f"{create.name}-0", f"{create.name}-1"]
+    for c in claims:
+        lb = c["metadata"]["labels"]
+        assert lb["rayscale.io/owned-by"] == "rayscale" and lb["rayscale.io/gang"] == create.name
+        assert lb["rayscale.io/model"] == "qwen2-72b" and lb["rayscale.io/flavor"] == "a10g"
+        assert lb["karpenter.sh/nodepool"] == "a10g"
+        assert c["spec"]["expireAfter"] == "Never"
+        assert c["spec"]["nodeClassRef"] == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"}
+        reqs = {r["key"]: r["values"] for r in c["spec"]["requirements"]}
+        assert reqs == {"node.kubernetes.io/instance-type": ["g5.12xlarge"],
+                        "topology.kubernetes.io/zone": [create.zone], "karpenter.sh/capacity-type": ["on-demand"]}
+
+    # One member is slow: the other one initializes, yet no Ray worker is asked for.
+    w.karpenter.config.held.add(f"{create.name}-1")
+    w.until(lambda gs: gs[0].reason == "1/2 nodes initialized", what="first member initialized")
+    for _ in range(3):
+        (g,) = w.tick()
+        assert g.phase == GangPhase.PENDING and g.node_ids == ()
+        assert w.group(GROUP)["replicas"] == 0 and w.workers() == []
+        assert not any("rayscale.io/ray-worker" in n["metadata"]["labels"] for n in w.api.store.list("nodes")[0])
+    w.karpenter.config.held.clear()
+    (g,) = w.until(ready(create.name), what="gang ready")
+    nodes = sorted(c["status"]["nodeName"] for c in w.claims(create.name))
+    assert sorted(g.node_ids) == nodes
+    assert w.group(GROUP)["replicas"] == 2
+    assert sorted(p["spec"]["nodeName"] for p in w.workers()) == nodes  # one worker pod per gang node
+    for n in nodes:  # the ownership labels reached the Nodes through the NodeClaims
+        assert w.api.store.get("nodes", n)["metadata"]["labels"]["rayscale.io/gang"] == create.name
+    assert created_claims(w) == 2
+
+
+def test_capacity_error_fails_the_gang_which_is_deleted_whole_and_decide_moves_zones(world: World) -> None:
+    w = world
+    w.karpenter.set_capacity_error("g5.12xlarge", zone="us-east-1a")
+    unavailable: dict[tuple[str, str, str], float] = {}
+    (first,) = act(w, {BIG: 1}, [], unavailable)
+    assert isinstance(first, CreateGang) and first.zone == "us-east-1a"
+    gangs = w.until(lambda gs: any(g.phase == GangPhase.FAILED for g in gs), what="gang failed")
+    (failed,) = gangs
+    assert failed.name == first.name and "InsufficientCapacityError" in failed.reason, failed.reason
+    actions = act(w, {BIG: 1}, gangs, unavailable)
+    kinds = [type(a).__name__ for a in actions]
+    assert kinds == ["DeleteGang", "BackOff", "CreateGang"], actions
+    new = actions[2]
+    assert isinstance(new, CreateGang) and new.zone == "us-east-1b" and new.name != first.name
+    gangs = w.until(ready(new.name), what="fallback gang ready")
+    assert [g.name for g in gangs] == [new.name]
+    assert w.claims(first.name) == []  # nothing of the failed gang is left
+    assert {c["metadata"]["labels"]["rayscale.io/zone"] for c in w.claims()} == {"us-east-1b"}
+    assert created_claims(w) == 4  # two gangs of two, each created once
+
+
+def test_a_lost_member_fails_the_gang_and_the_rest_is_drained_then_released(world: World) -> None:
+    w = world
+    (g,) = up(w)
+    victim = w.claims(g.name)[1]
+    w.api.store.delete("nodes", victim["status"]["nodeName"])  # spot interruption of one member
+    gangs = w.until(lambda gs: gs and gs[0].phase == GangPhase.FAILED, what="gang failed")
+    assert victim["metadata"]["name"] in gangs[0].reason
+    act(w, {BIG: 1}, gangs)
+    survivor = w.claims(g.name)[0]["status"]["nodeName"]
+    w.until(lambda gs: w.claims(g.name) == [] and any(x.phase == GangPhase.READY for x in gs), ticks=60,
+            what="failed gang released, replacement ready")
+    assert survivor not in {p["spec"]["nodeName"] for p in w.workers()}
+
+
+def test_scale_down_names_exactly_the_gangs_pods_and_deletes_claims_only_after_they_are_gone(
+    world: World,
+) -> None:
+    w = world
+    gangs = up(w, 2)
+    keep, drop = sorted(gangs, key=lambda g: g.name)
+    drop_pods = sorted(p["metadata"]["name"] for p in w.workers() if p["spec"]["nodeName"] in drop.node_ids)
+    keep_pods = sorted(p["metadata"]["name"] for p in w.workers() if p["spec"]["nodeName"] in keep.node_ids)
+    assert len(drop_pods) == len(keep_pods) == 2 and w.group(GROUP)["replicas"] == 4
+    assert w.act is not None
+    w.act.delete_gang(drop.name)  # the controller calls it after Serve drained the gang
+    w.act.gangs(w.clock.now())
+    g = w.group(GROUP)
+    assert g["replicas"] == 2 and sorted(g["scaleStrategy"]["workersToDelete"]) == drop_pods
+    assert all(not c["metadata"].get("deletionTimestamp") for c in w.claims(drop.name))  # pods still there
+    assert w.api.requests_for("delete", "nodeclaims") == []
+    for n in drop.node_ids:
+        assert "rayscale.io/ray-worker" not in w.api.store.get("nodes", n)["metadata"]["labels"]
+    w.kuberay.step()  # KubeRay deletes the named pods
+    n_updates = len(w.api.requests_for("update", "rayclusters"))
+    gangs = w.act.gangs(w.clock.now())
+    assert [x.name for x in gangs] == [keep.name]
+    assert w.group(GROUP)["scaleStrategy"]["workersToDelete"] == []
+    # Order: the write that clears workersToDelete comes before the first NodeClaim delete.
+    log = w.api.requests
+    clear_at = max(i for i, r in enumerate(log) if r.verb == "update" and r.resource.startswith("rayclusters"))
+    first_delete = min(i for i, r in enumerate(log) if r.verb == "delete" and r.resource.startswith("nodeclaims"))
+    assert len(w.api.requests_for("update", "rayclusters")) == n_updates + 1 and clear_at < first_delete
+    w.until(lambda gs: w.claims(drop.name) == [], what="claims gone")
+    assert sorted(p["metadata"]["name"] for p in w.workers()) == keep_pods  # the kept gang never moved
+    assert w.group(GROUP)["replicas"] == 2
+
+
+def test_do_not_disrupt_follows_serving(world: World) -> None:
+    w = world
+    (g,) = up(w)
+    assert w.act is not None
+    w.act.sync_serving([Gang(**{**g.__dict__, "serving": 1})])
+    claim = w.claims(g.name)[0]["metadata"]["name"]
+    assert w.api.store.get("nodes", g.node_ids[0])["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert not w.karpenter.disrupt(claim)
+    w.act.mark_serving(g.name, False)  # drained
+    assert "karpenter.sh/do-not-disrupt" not in (w.api.store.get("nodes", g.node_ids[0])["metadata"]
+                                                 .get("annotations") or {})
+    assert w.karpenter.disrupt(claim)
+
+
+def test_kill_and_restart_at_every_step_leaves_no_duplicate_and_no_orphan(world: World) -> None:
+    w = world
+    # Crash between the two creates: the process died right after the first POST.
+    (create,) = decide(w.catalog, {BIG: 1}, [], {}, {}, {}, w.clock.now())
+    assert isinstance(create, CreateGang) and w.act is not None
+    w.api.store.create("nodeclaims", w.act.nodeclaim(create, 0, w.clock.now()))
+    assert [c["metadata"]["name"] for c in w.claims()] == ["qwen2-72b-a10g-od-0-0"]
+    phases = []
+    # Every step from here on runs in a fresh actuator (a restarted controller) that re-plans with decide().
+    for _ in range(12):
+        w.actuator()
+        gangs = w.tick()
+        phases.append([g.phase for g in gangs])
+        act(w, {BIG: 1}, gangs)
+        if gangs and gangs[0].phase == GangPhase.READY:
+            break
+    assert gangs[0].phase == GangPhase.READY and len(gangs) == 1, phases
+    assert created_claims(w) == 1  # only the missing member was created after the restart
+    # Down, with a crash after only one claim got its deleting mark.
+    w.api.faults.inject("patch", "nodeclaims", 503, times=5, name="qwen2-72b-a10g-od-0-1")
+    w.actuator()
+    with pytest.raises(Exception):  # noqa: B017
+        act(w, {BIG: 0}, gangs)
+    for _ in range(10):
+        w.actuator()
+        gangs = w.tick()
+        act(w, {BIG: 0}, gangs)
+        if not w.claims():
+            break
+    assert gangs == [] and w.claims() == [] and w.workers() == []
+    assert w.api.store.list("nodes")[0] == []  # no orphaned instance
+    assert w.group(GROUP)["replicas"] == 0 and w.group(GROUP)["scaleStrategy"]["workersToDelete"] == []
+    assert created_claims(w) == 1
+
+
+def test_conflicts_throttling_and_outages_converge_without_double_create(world: World) -> None:
+    w = world
+    w.api.faults.inject("create", "nodeclaims", 503, times=2)
+    w.api.faults.inject("list", "nodeclaims", 429, times=2, retry_after=0.01)
+    w.api.faults.inject("update", "rayclusters", 409, times=2)
+    w.api.faults.inject("list", "pods", 500, times=1)
+    (_g,) = up(w)
+    assert created_claims(w) == 2
+    assert [r.code for r in w.api.requests_for("update", "rayclusters")][:3] == [409, 409, 200]
+    # A long outage: gangs() raises (the loop skips the period), nothing is written, then it recovers.
+    w.api.faults.inject("list", "nodeclaims", 503, times=None)
+    writes = len([r for r in w.api.requests if r.verb in ("create", "update", "patch", "delete")])
+    with pytest.raises(KubeError):
+        w.tick()
+    assert len([r for r in w.api.requests if r.verb in ("create", "update", "patch", "delete")]) == writes
+    w.api.faults.clear()
+    (again,) = w.tick()
+    assert again.phase == GangPhase.READY and created_claims(w) == 2
+
+
+def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world: World) -> None:
+    w = world
+    (g,) = up(w)
+    assert w.act is not None
+    w.act.mark_serving(g.name, True)
+    w.act.mark_serving(g.name, False)
+    w.act.delete_gang(g.name)
+    w.until(lambda gs: w.claims() == [], what="released")
+    used = {(r.verb, r.resource.split("/")[0].split(".", 1)[0]) for r in w.api.requests}
+    declared = {(v, res) for rule in CLUSTER_RULES + NAMESPACE_RULES for res in rule["resources"]
+                for v in rule["verbs"]}
+    assert used == declared
+    assert "*" not in yaml.safe_dump(CLUSTER_RULES + NAMESPACE_RULES)
