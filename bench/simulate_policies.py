@@ -19,7 +19,7 @@ from rayscale.sim.policies import POLICIES
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import load_spec
 
-AZURE = "/work/shared/traces/azure_llm_2023_code.csv"
+AZURE = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv")
 CASES = [
     # (label, trace spec, rate scale): the Azure code trace at 3x its rate needs ~4-8 7B replicas.
     ("Azure code 2023, 1 h, rate x3", AZURE, 3.0),

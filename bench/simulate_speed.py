@@ -17,7 +17,7 @@ from rayscale.config import load_catalog
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.trace import LengthDist, load_trace, poisson
 
-AZURE = Path("/work/shared/traces/azure_llm_2023_code.csv")
+AZURE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv"
 
 
 def main() -> None:

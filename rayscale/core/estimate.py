@@ -157,7 +157,10 @@ class Demand:
 @dataclass(frozen=True)
 class EstimateSettings:
     target_utilization: float = 0.8
-    backlog_drain_s: float = 30.0  # queued requests are cleared within this, on top of arrivals
+    # Queued requests are cleared within this, on top of arrivals. Never faster than the model's quickest
+    # replica start (node + load): capacity ordered for a backlog arrives only then, and ordering for a
+    # 30 s drain when replicas take 10 min to start buys a fleet that lands idle after the queue is gone.
+    backlog_drain_s: float = 30.0
     headroom: float = 0.0  # extra fraction of demand to provision
 
 
@@ -190,7 +193,9 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
             continue
         assert sig.arrival_rate_rps is not None
         rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
-        backlog = (sig.waiting or 0.0) / settings.backlog_drain_s
+        startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
+                       for f in catalog.models[name].parallelism), default=0.0)
+        backlog = (sig.waiting or 0.0) / max(settings.backlog_drain_s, startup)
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"
         if rate > sig.arrival_rate_rps + 1e-9:
