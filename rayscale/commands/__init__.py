@@ -6,6 +6,9 @@ each handler imports what it needs when it runs and returns an exit code.
 
 # Module names under rayscale.commands, in the order `rayscale --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
+    "demo",
+    "local",
+    "serve",
     "plan",
     "simulate",
     "render",

@@ -48,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
     ray.init(address=cluster.address, logging_level=logging.ERROR)
     actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
                                                            max_worker_nodes=args.max_nodes))
+    if not cluster.dashboard_url:
+        print("error: the local cluster runs without a dashboard; start it with the dashboard on", file=sys.stderr)
+        return 2
     ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
                      ControllerConfig(period_s=args.period, decision_log=Path(args.decision_log)))
     ctl.on_record(lambda r: print(f"[{r.t:.0f}] ${r.plan.get('usd_per_h', 0):.2f}/h actions="

@@ -18,7 +18,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--address", default=None, help="Ray cluster address; default: start a local one")
     p.add_argument("--check", action="store_true", help="only validate the config and print its deployments")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for RUNNING (default 600)")
-    p.add_argument("--no-block", action="store_true", help="return once the applications are RUNNING")
+    p.add_argument(
+        "--no-block",
+        action="store_true",
+        help="return once RUNNING (use with --address: a cluster started here stops when this exits)",
+    )
     p.set_defaults(handler=run)
 
 

@@ -22,7 +22,7 @@ import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -123,7 +123,8 @@ class Trace:
         return len(self.arrival_s)
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        for a, p, o in zip(self.arrival_s.tolist(), self.prompt_tokens.tolist(), self.output_tokens.tolist()):
+        cols = (self.arrival_s.tolist(), self.prompt_tokens.tolist(), self.output_tokens.tolist())
+        for a, p, o in zip(*cols, strict=True):
             yield TraceRequest(a, p, o)
 
     def __getitem__(self, i: int) -> TraceRequest:
@@ -482,7 +483,7 @@ def _seconds(path: str | os.PathLike[str], line: int, field: str, raw: object, u
             except ValueError:
                 raise TraceFormatError(path, line, field, f"expected a time, got {raw!r}") from None
             # aware times go to naive UTC so that rows with different offsets compare correctly
-            return dt.astimezone(timezone.utc).replace(tzinfo=None) if dt.tzinfo is not None else dt
+            return dt.astimezone(UTC).replace(tzinfo=None) if dt.tzinfo is not None else dt
     else:
         raise TraceFormatError(path, line, field, f"expected a time, got {raw!r}")
     if not math.isfinite(value):
@@ -505,13 +506,13 @@ def _finish(
     if isinstance(first, datetime):
         t0 = first
         rel: list[float] = []
-        for t, ln in zip(times, lines):
+        for t, ln in zip(times, lines, strict=True):
             if not isinstance(t, datetime):
                 raise TraceFormatError(path, ln, field, "mixes numbers and date times")
             rel.append((t - t0).total_seconds())
     else:
         rel = []
-        for t, ln in zip(times, lines):
+        for t, ln in zip(times, lines, strict=True):
             if isinstance(t, datetime):
                 raise TraceFormatError(path, ln, field, "mixes numbers and date times")
             rel.append(t)

@@ -244,12 +244,3 @@ def test_operations_do_not_mutate_and_arrays_are_read_only() -> None:
         tr.arrival_s[0] = 5.0
     with pytest.raises(ValueError, match="sorted"):
         T.Trace(np.array([1.0, 0.0]), np.array([1, 1]), np.array([1, 1]))
-
-
-def test_demo_slice_of_azure_is_small_and_fast() -> None:
-    """The shape the demo replays: a minute of the Azure trace, compressed, clipped."""
-    tr = T.load_trace(AZURE).window(0, 60).rate_scale(0.2, seed=0).compress(2).clip_tokens(256, 32)
-    s = tr.stats()
-    assert 10 < s.requests < 100
-    assert s.duration_s <= 30
-    assert s.prompt_tokens_p95 <= 256 and s.output_tokens_p95 <= 32

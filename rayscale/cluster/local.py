@@ -1,0 +1,646 @@
+"""A Ray cluster of several nodes on this machine, standing in for cloud nodes of accelerator flavors.
+
+Each node is one ``ray start --block`` process with its own temp dir under one root dir, so that one
+node can be stopped without touching the others and ``stop()`` leaves nothing behind. The head is CPU
+only; worker nodes declare a flavor's resources (GPU counts, ``accelerator_type:A10G``, ...) and
+labels (``rayscale.io/flavor``), which Ray schedules on as if the devices were there.
+
+State lives in ``<root>/cluster.json`` so that separate processes (``rayscale local up`` and a later
+``rayscale local node add``) drive the same cluster; ``LocalCluster.attach(root)`` reads it.
+
+Removing a node is graceful: the node is drained through the GCS (Ray's autoscaler drain API: no new
+work is scheduled there, Serve moves its replicas away), and stopped once idle or when the grace
+period ends, whichever is first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+LABEL_NODE = "rayscale.io/node"
+LABEL_FLAVOR = "rayscale.io/flavor"
+LABEL_MANAGED_BY = "rayscale.io/managed-by"
+HEAD = "head"
+DEFAULT_ROOT = Path("/tmp/rayscale-local")  # short: Ray's unix socket paths must stay under 108 bytes
+
+
+class LocalClusterError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class LocalFlavor:
+    """What one local node of a flavor declares to Ray (no real device is needed)."""
+
+    name: str
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c in self.name for c in " /,="):
+            raise ValueError(f"flavor name {self.name!r} must be non-empty without spaces, '/', ',' or '='")
+        amounts = {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
+        for key, v in amounts.items():
+            # Ray refuses fractional node resources; say so before a node fails to start
+            if v < 0 or v != int(v):
+                raise ValueError(f"flavor {self.name}: {key} must be a whole number >= 0, got {v}")
+
+
+# One device per node, as the flavors' smallest instance types (rayscale/data/flavors.yaml) have;
+# the custom resource names match the catalog's ray_resources.
+LOCAL_FLAVORS: dict[str, LocalFlavor] = {
+    f.name: f
+    for f in (
+        LocalFlavor("cpu", 1, 0, {"accelerator_type:CPU": 1}),
+        LocalFlavor("a10g", 1, 1, {"accelerator_type:A10G": 1}),
+        LocalFlavor("l4", 1, 1, {"accelerator_type:L4": 1}),
+        LocalFlavor("l40s", 1, 1, {"accelerator_type:L40S": 1}),
+        LocalFlavor("a100", 1, 1, {"accelerator_type:A100": 1}),
+        LocalFlavor("h100", 1, 1, {"accelerator_type:H100": 1}),
+        LocalFlavor("inf2", 1, 0, {"accelerator_type:Inferentia2": 1, "neuron_cores": 2}),
+        LocalFlavor("trn1", 1, 0, {"accelerator_type:Trainium1": 1, "neuron_cores": 2}),
+    )
+}
+
+
+def flavor_spec(
+    flavor: str | LocalFlavor,
+    num_cpus: float | None = None,
+    num_gpus: float | None = None,
+    resources: Mapping[str, float] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> LocalFlavor:
+    """A known flavor (or a new name) with overrides; given resources and labels add to the flavor's."""
+    base = flavor if isinstance(flavor, LocalFlavor) else LOCAL_FLAVORS.get(flavor, LocalFlavor(flavor))
+    return replace(
+        base,
+        num_cpus=base.num_cpus if num_cpus is None else num_cpus,
+        num_gpus=base.num_gpus if num_gpus is None else num_gpus,
+        resources={**base.resources, **(resources or {})},
+        labels={**base.labels, **(labels or {})},
+    )
+
+
+@dataclass(frozen=True)
+class LocalClusterConfig:
+    root_dir: Path = DEFAULT_ROOT
+    node_ip: str = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine's address; .2 stays local
+    head_num_cpus: float = 1.0
+    head_resources: dict[str, float] = field(default_factory=dict)
+    include_dashboard: bool = True
+    dashboard_port: int | None = 8265  # taken if free, else any free port; None: any free port
+    object_store_memory: int = 256 * 1024**2  # per node: the default, 30% of RAM each, is far too much
+    drain_timeout_s: float = 30.0  # how long remove_node waits for a draining node to go idle
+    start_timeout_s: float = 120.0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root_dir", Path(self.root_dir))
+        if len(str(self.root_dir)) > 40:
+            raise ValueError(f"root_dir {self.root_dir} is too long for Ray's unix sockets (at most 40 chars)")
+        if self.object_store_memory < 80 * 1024**2:
+            raise ValueError("object_store_memory must be at least 80 MiB (Ray's minimum is 75 MiB)")
+        if self.head_num_cpus < 0 or self.drain_timeout_s < 0 or self.start_timeout_s <= 0:
+            raise ValueError("head_num_cpus, drain_timeout_s must be >= 0 and start_timeout_s > 0")
+
+
+@dataclass
+class _NodeRecord:
+    id: str
+    flavor: str
+    pid: int
+    create_time: float  # psutil's: tells our process from a later one that reuses the pid
+    temp_dir: str
+    log: str
+    num_cpus: float
+    num_gpus: float
+    resources: dict[str, float]
+    labels: dict[str, str]
+    started_at: float
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    """A node as the cluster sees it now."""
+
+    id: str  # rayscale's name, e.g. "a10g-1"; "head" for the head
+    flavor: str
+    is_head: bool
+    state: str  # STARTING, ALIVE, IDLE, ACTIVE, DRAINING, DEAD (Ray), EXITED (process gone)
+    ray_node_id: str | None
+    pid: int
+    num_cpus: float
+    num_gpus: float
+    resources: dict[str, float]
+    labels: dict[str, str]
+    temp_dir: str
+    log: str
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("DEAD", "EXITED")
+
+
+def _free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_free(ip: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return False
+        return True
+
+
+def _ray_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "ray"
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+
+
+def _tail(path: str | Path, n: int = 30) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-n:])
+
+
+class LocalCluster:
+    """A head and flavor worker nodes on this machine. Use ``start()`` or ``attach(root)``."""
+
+    def __init__(self, config: LocalClusterConfig | None = None):
+        self.config = config or LocalClusterConfig()
+        self.root = self.config.root_dir
+        self._state_path = self.root / "cluster.json"
+        self._gcs: Any = None
+        self.address: str = ""  # GCS address, host:port, what ray.init(address=...) takes
+        self.dashboard_url: str | None = None
+        self._records: dict[str, _NodeRecord] = {}
+        self._counter: dict[str, int] = {}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}  # nodes this process started
+        self._trees: dict[str, list[Any]] = {}  # processes of a node being stopped
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    @classmethod
+    def attach(cls, root_dir: str | Path = DEFAULT_ROOT) -> LocalCluster:
+        """The cluster a previous ``start()`` (maybe in another process) left running under ``root_dir``."""
+        state_path = Path(root_dir) / "cluster.json"
+        try:
+            state = json.loads(state_path.read_text())
+        except FileNotFoundError:
+            raise LocalClusterError(f"no local cluster at {root_dir} (start one with `rayscale local up`)") from None
+        cfg = state["config"]
+        cfg["root_dir"] = Path(cfg["root_dir"])
+        cluster = cls(LocalClusterConfig(**cfg))
+        cluster._load(state)
+        return cluster
+
+    def start(self) -> LocalCluster:
+        """Starts the head and waits until it is up; raises if a cluster already runs under root_dir."""
+        if self._state_path.exists():
+            try:
+                other = LocalCluster.attach(self.root)
+            except (LocalClusterError, ValueError, KeyError, TypeError):
+                other = None
+            if other is not None and other._process_alive(other._records.get(HEAD)):
+                raise LocalClusterError(
+                    f"a local cluster already runs under {self.root} at {other.address}; "
+                    "stop it first (`rayscale local down`)"
+                )
+            self._cleanup_root()
+        self.root.mkdir(parents=True, exist_ok=True)
+        ip = self.config.node_ip
+        port = _free_port(ip)
+        self.address = f"{ip}:{port}"
+        args = ["--head", f"--port={port}", f"--ray-client-server-port={_free_port(ip)}"]
+        if self.config.include_dashboard:
+            dport = self.config.dashboard_port
+            if dport is None or not _port_free(ip, dport):
+                dport = _free_port(ip)
+            args += ["--include-dashboard=true", f"--dashboard-host={ip}", f"--dashboard-port={dport}"]
+            self.dashboard_url = f"http://{ip}:{dport}"
+        else:
+            args += ["--include-dashboard=false"]
+        head = LocalFlavor(HEAD, self.config.head_num_cpus, 0.0, dict(self.config.head_resources))
+        try:
+            self._launch(HEAD, head, args)
+            self._save()
+            self.wait_node(HEAD, self.config.start_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stops every node (workers first, no drain) and removes the root dir; safe to call twice."""
+        workers = [r for r in self._records.values() if r.id != HEAD]
+        for rec in workers:
+            self._signal(rec, signal.SIGTERM)
+        for rec in workers:
+            self._reap(rec, timeout_s=15.0)
+        head = self._records.get(HEAD)
+        if head is not None:
+            self._signal(head, signal.SIGTERM)
+            self._reap(head, timeout_s=20.0)
+        self._records.clear()
+        self._gcs = None
+        self._cleanup_root()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- nodes --------------------------------------------------------------------------------
+
+    def add_node(
+        self,
+        flavor: str | LocalFlavor,
+        resources: Mapping[str, float] | None = None,
+        labels: Mapping[str, str] | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        wait: bool = True,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Starts a worker node of ``flavor``; returns its id (``<flavor>-<n>``).
+
+        With ``wait`` it returns once the node is registered with Ray (else call ``wait_node``).
+        """
+        spec = flavor_spec(flavor, num_cpus, num_gpus, resources, labels)
+        with self._lock():
+            self._reload()
+            n = self._counter.get(spec.name, 0) + 1
+            self._counter[spec.name] = n
+            node_id = f"{spec.name}-{n}"
+            args = [f"--address={self.address}"]
+            self._launch(node_id, spec, args)
+            self._save()
+        if wait:
+            try:
+                self.wait_node(node_id, timeout_s or self.config.start_timeout_s)
+            except BaseException:
+                self.remove_node(node_id, grace_s=0)
+                raise
+        return node_id
+
+    def wait_node(self, node_id: str, timeout_s: float = 120.0) -> LocalNode:
+        """Waits until the node is registered and alive in Ray; raises with its log tail if it dies."""
+        rec = self._record(node_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self._process_alive(rec):
+                raise LocalClusterError(f"node {node_id} exited while starting; log {rec.log}:\n{_tail(rec.log)}")
+            info = self._ray_nodes(timeout_s=5.0).get(node_id)
+            if info is not None and info["alive"]:
+                return self._view(rec, info)
+            if time.monotonic() > deadline:
+                raise LocalClusterError(
+                    f"node {node_id} not up after {timeout_s:g} s; log {rec.log}:\n{_tail(rec.log)}"
+                )
+            time.sleep(0.5)
+
+    def drain_node(self, node_id: str, deadline_s: float | None = None, reason: str = "rayscale remove") -> bool:
+        """Asks Ray to drain the node (no new work; Serve moves replicas off); True if accepted."""
+        from ray.core.generated import autoscaler_pb2
+
+        if node_id == HEAD:
+            raise LocalClusterError("the head cannot be drained; use stop()")
+        info = self._ray_nodes().get(node_id)
+        if info is None or not info["alive"]:
+            return False
+        deadline_ms = 0 if deadline_s is None else int((time.time() + deadline_s) * 1000)
+        accepted, why = self._gcs_client().drain_node(
+            info["ray_node_id"],
+            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),  # type: ignore[attr-defined]
+            reason,
+            deadline_ms,
+        )
+        if not accepted:
+            raise LocalClusterError(f"Ray refused to drain {node_id}: {why}")
+        return True
+
+    def remove_node(self, node_id: str, grace_s: float | None = None) -> None:
+        """Drains the node, waits up to ``grace_s`` (default: config.drain_timeout_s) for it to go idle
+        (Ray then stops its raylet), then stops its processes and deletes its files."""
+        if node_id == HEAD:
+            raise LocalClusterError("the head is removed by stop()")
+        rec = self._record(node_id)
+        grace = self.config.drain_timeout_s if grace_s is None else grace_s
+        drained = False
+        if grace > 0 and self._process_alive(rec):
+            with contextlib.suppress(Exception):  # a node that never registered has nothing to drain
+                if self.drain_node(node_id, deadline_s=grace):
+                    deadline = time.monotonic() + grace
+                    while time.monotonic() < deadline:
+                        info = self._ray_nodes().get(node_id)
+                        if info is None or not info["alive"]:
+                            drained = True
+                            break
+                        time.sleep(0.5)
+        # A drained node's raylet has exited; what is left (`ray start`, log monitor, agents) holds no
+        # work, and `ray start` can hang in its SIGTERM handler then, so it is killed outright.
+        self._signal(rec, signal.SIGKILL if drained else signal.SIGTERM, whole_tree=drained)
+        self._reap(rec, timeout_s=15.0)
+        with self._lock():
+            self._reload()
+            self._records.pop(node_id, None)
+            self._save()
+        shutil.rmtree(rec.temp_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            Path(rec.log).unlink()
+
+    def nodes(self, include_dead: bool = False) -> list[LocalNode]:
+        """Nodes this cluster started, with their state in Ray (head first)."""
+        self._reload()
+        ray_nodes = self._ray_nodes() if self._records else {}
+        out = []
+        for rec in sorted(self._records.values(), key=lambda r: (r.id != HEAD, r.started_at)):
+            view = self._view(rec, ray_nodes.get(rec.id))
+            if include_dead or view.alive:
+                out.append(view)
+        return out
+
+    def node(self, node_id: str) -> LocalNode:
+        self._reload()
+        return self._view(self._record(node_id), self._ray_nodes().get(node_id))
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _record(self, node_id: str) -> _NodeRecord:
+        try:
+            return self._records[node_id]
+        except KeyError:
+            raise LocalClusterError(f"no node {node_id!r} (have {', '.join(self._records) or 'none'})") from None
+
+    def _launch(self, node_id: str, spec: LocalFlavor, args: list[str]) -> None:
+        cfg = self.config
+        temp_dir = self.root / node_id
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        (self.root / "tmp").mkdir(exist_ok=True)
+        log = self.root / f"{node_id}.log"
+        labels = {**spec.labels, LABEL_NODE: node_id, LABEL_FLAVOR: spec.name, LABEL_MANAGED_BY: "rayscale"}
+        cmd = [
+            *_ray_cmd(),
+            "start",
+            "--block",
+            *args,
+            f"--node-ip-address={cfg.node_ip}",
+            f"--temp-dir={temp_dir}",
+            f"--num-cpus={spec.num_cpus:g}",
+            f"--num-gpus={spec.num_gpus:g}",
+            f"--resources={json.dumps(spec.resources)}",
+            f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
+            f"--object-store-memory={cfg.object_store_memory}",
+            # several nodes share one address: let each pick its own ports
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            "--dashboard-agent-listen-port=0",
+            "--disable-usage-stats",
+        ]
+        env = {
+            **os.environ,
+            **cfg.env,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray turns token auth on whenever ~/.ray/auth_token exists (any earlier ray.init() writes
+            # it); then clients need the token too. The cluster listens on a loopback address only, so
+            # it runs without, and every client works whatever its own auth mode.
+            "RAY_AUTH_MODE": "disabled",
+            # Ray workers and vLLM write scratch files under TMPDIR: keep them in the root, which stop() removes
+            "TMPDIR": str(self.root / "tmp"),
+            # remove_node drains through the GCS itself; the SIGTERM handler's own drain would wait on
+            # a raylet that is already gone
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+        }
+        with open(log, "ab") as out:
+            # own session: the node outlives this process (CLI `up`), and Ctrl-C here does not reach it
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        import psutil
+
+        try:
+            ctime = psutil.Process(proc.pid).create_time()
+        except psutil.NoSuchProcess:
+            ctime = 0.0
+        self._records[node_id] = _NodeRecord(
+            id=node_id,
+            flavor=spec.name,
+            pid=proc.pid,
+            create_time=ctime,
+            temp_dir=str(temp_dir),
+            log=str(log),
+            num_cpus=spec.num_cpus,
+            num_gpus=spec.num_gpus,
+            resources=dict(spec.resources),
+            labels=labels,
+            started_at=time.time(),
+        )
+        self._children[node_id] = proc  # waited for in _reap so no zombie is left behind
+
+    def _process(self, rec: _NodeRecord | None) -> Any:
+        import psutil
+
+        if rec is None:
+            return None
+        try:
+            p = psutil.Process(rec.pid)
+            if rec.create_time and abs(p.create_time() - rec.create_time) > 1.0:
+                return None  # the pid now belongs to someone else
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return p
+        except psutil.NoSuchProcess:
+            return None
+
+    def _process_alive(self, rec: _NodeRecord | None) -> bool:
+        return self._process(rec) is not None
+
+    def _signal(self, rec: _NodeRecord, sig: signal.Signals, whole_tree: bool = False) -> None:
+        p = self._process(rec)
+        if p is None:
+            return
+        # remember the tree now: Ray workers start their own process groups, so killpg would miss them
+        tree = [p]
+        with contextlib.suppress(Exception):
+            tree += p.children(recursive=True)
+        self._trees[rec.id] = tree
+        for q in tree if whole_tree else [p]:
+            with contextlib.suppress(Exception):
+                q.send_signal(sig)
+
+    def _reap(self, rec: _NodeRecord, timeout_s: float) -> None:
+        import psutil
+
+        procs = self._trees.pop(rec.id, None)
+        if procs is None:
+            p = self._process(rec)
+            procs = [] if p is None else [p, *p.children(recursive=True)]
+        child = self._children.pop(rec.id, None)
+        _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+        for p in alive:  # graceful stop overran: force it
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        # children spawned after we looked (raylet starting a worker while stopping)
+        mark = rec.temp_dir.rstrip("/") + "/"
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(mark in (a or "") for a in (p.info["cmdline"] or [])):
+                    p.kill()
+        if child is not None:
+            with contextlib.suppress(Exception):
+                child.wait(timeout=5)
+
+    def _gcs_client(self) -> Any:
+        if self._gcs is None:
+            from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+            host, port = self.address.rsplit(":", 1)
+            # GcsClient retries for a long time when nothing listens; look first
+            with socket.create_connection((host, int(port)), timeout=2.0):
+                pass
+
+            self._gcs = GcsClient(address=self.address)
+        return self._gcs
+
+    def _ray_nodes(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Nodes in the GCS keyed by our node id (from the label); the newest entry wins."""
+        from ray.core.generated import gcs_pb2
+
+        try:
+            infos = self._gcs_client().get_all_node_info(timeout=timeout_s)
+        except Exception:
+            return {}  # GCS not (yet) reachable: nodes show as STARTING or EXITED
+        out: dict[str, dict[str, Any]] = {}
+        for nid, info in infos.items():
+            name = info.labels.get(LABEL_NODE)
+            if name is None:
+                continue
+            alive = info.state == gcs_pb2.GcsNodeInfo.ALIVE  # type: ignore[attr-defined]
+            snap = info.state_snapshot.state if info.HasField("state_snapshot") else None
+            state = "DEAD"
+            if alive:
+                state = "ALIVE"
+                if snap is not None:
+                    state = gcs_pb2.NodeSnapshot.State.Name(snap)  # type: ignore[attr-defined]
+                    state = "ALIVE" if state == "UNDEFINED" else state
+            entry = {
+                "ray_node_id": nid.hex(),
+                "alive": alive,
+                "state": state,
+                "start_ms": info.start_time_ms,
+                "resources": dict(info.resources_total),
+                "labels": dict(info.labels),
+            }
+            prev = out.get(name)
+            if prev is None or (entry["alive"], entry["start_ms"]) > (prev["alive"], prev["start_ms"]):
+                out[name] = entry
+        return out
+
+    def _view(self, rec: _NodeRecord, info: dict[str, Any] | None) -> LocalNode:
+        running = self._process_alive(rec)
+        if not running:
+            state = "EXITED"
+        elif info is None:
+            state = "STARTING"
+        else:
+            state = info["state"]
+        return LocalNode(
+            id=rec.id,
+            flavor=rec.flavor,
+            is_head=rec.id == HEAD,
+            state=state,
+            ray_node_id=info["ray_node_id"] if info else None,
+            pid=rec.pid,
+            num_cpus=rec.num_cpus,
+            num_gpus=rec.num_gpus,
+            resources=dict(info["resources"]) if info else dict(rec.resources),
+            labels=dict(info["labels"]) if info else dict(rec.labels),
+            temp_dir=rec.temp_dir,
+            log=rec.log,
+        )
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """Serialises changes to cluster.json between processes (a CLI and a controller, say)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _save(self) -> None:
+        cfg = asdict(self.config)
+        cfg["root_dir"] = str(self.config.root_dir)
+        state = {
+            "config": cfg,
+            "address": self.address,
+            "dashboard_url": self.dashboard_url,
+            "counter": self._counter,
+            "nodes": [asdict(r) for r in self._records.values()],
+        }
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self._state_path)  # atomic: a reader never sees half a file
+
+    def _load(self, state: dict[str, Any]) -> None:
+        self.address = state["address"]
+        self.dashboard_url = state.get("dashboard_url")
+        self._counter = dict(state.get("counter", {}))
+        self._records = {r["id"]: _NodeRecord(**r) for r in state["nodes"]}
+
+    def _reload(self) -> None:
+        if self._state_path.exists():
+            self._load(json.loads(self._state_path.read_text()))
+
+    def _cleanup_root(self) -> None:
+        if self.root.exists():
+            # leftovers of an earlier run that died without stop(): end what still runs from here
+            import psutil
+
+            root = str(self.root) + "/"
+            for p in psutil.process_iter(["cmdline"]):
+                with contextlib.suppress(psutil.Error):
+                    if p.pid != os.getpid() and any(root in (a or "") for a in (p.info["cmdline"] or [])):
+                        p.kill()
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "LABEL_FLAVOR",
+    "LABEL_NODE",
+    "LOCAL_FLAVORS",
+    "LocalCluster",
+    "LocalClusterConfig",
+    "LocalClusterError",
+    "LocalFlavor",
+    "LocalNode",
+    "flavor_spec",
+]
