@@ -79,7 +79,8 @@ def _sig_summary(s: ModelSignals) -> dict[str, Any]:
 
 class Controller:
     def __init__(self, catalog: Catalog, actuator: Actuator, serve: ServeClient, scraper: MetricsScraper,
-                 config: ControllerConfig | None = None, clock: Callable[[], float] = time.time):
+                 config: ControllerConfig | None = None, clock: Callable[[], float] = time.time,
+                 weights_sink: Callable[[str, str, dict[str, float]], None] | None = None):
         self.catalog = catalog
         self.actuator = actuator
         self.serve = serve
@@ -94,6 +95,9 @@ class Controller:
         self.records: list[DecisionRecord] = []
         self._stop = threading.Event()
         self._listeners: list[Callable[[DecisionRecord], None]] = []
+        # Routing weights per model over its flavors (the ingress spreads requests by them).
+        self.weights_sink = weights_sink
+        self._weights: dict[str, dict[str, float]] = {}
 
     def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
         self._listeners.append(fn)
@@ -150,6 +154,7 @@ class Controller:
             actions = decide(self.catalog, result.target(), gangs, serve.target, serve.running,
                              self.unavailable, t0, cfg.act)
             errors += self._apply(actions, serve, t0)
+            errors += self._route(demands, serve)
         else:
             errors.append("act skipped: Serve state unknown, nothing is changed")
         dur["act"] = (time.perf_counter() - s) * 1000
@@ -196,6 +201,25 @@ class Controller:
             except Exception as e:  # one failed action must not stop the others or the loop
                 errors.append(f"{type(a).__name__} {a}: {e}")
         self.unavailable = {k: u for k, u in self.unavailable.items() if u > now}
+        return errors
+
+    def _route(self, demands: dict[str, Any], serve: ServeSnapshot) -> list[str]:
+        """Weights proportional to the capacity each flavor serves now (replicas x per-replica req/s)."""
+        if self.weights_sink is None:
+            return []
+        errors = []
+        by_model: dict[str, dict[str, float]] = defaultdict(dict)
+        for (m, f), n in serve.target.items():
+            d = demands.get(m)
+            cap = d.capacity[f].rps if d is not None and f in d.capacity else 0.0
+            by_model[m][f] = round(n * cap, 4)
+        for m, w in sorted(by_model.items()):
+            if self._weights.get(m) != w and sum(w.values()) > 0:
+                try:
+                    self.weights_sink(serve.app_of.get((m, next(iter(w))), self.config.app_name), m, w)
+                    self._weights[m] = w
+                except Exception as e:
+                    errors.append(f"weights {m}: {e}")
         return errors
 
     # --- running ------------------------------------------------------------------------------------

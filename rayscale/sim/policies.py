@@ -26,6 +26,7 @@ from rayscale.core.forecast import FORECASTERS, Forecaster, TrendSeasonal
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.sim.cloud import ActuatorConfig
+from rayscale.sim.engine import p95
 
 if TYPE_CHECKING:
     from rayscale.sim.simulator import Simulation
@@ -329,4 +330,4 @@ def make_policy(name: str, planner: PlannerSettings = _PLANNER, forecaster: str 
 def window_mix(prompt: np.ndarray, output: np.ndarray) -> RequestMix | None:
     if len(prompt) == 0:
         return None
-    return RequestMix(float(prompt.mean()), float(max(output.mean(), 1.0)), float(np.percentile(prompt, 95)))
+    return RequestMix(float(prompt.mean()), float(max(output.mean(), 1.0)), p95(prompt))

@@ -20,7 +20,7 @@ from rayscale.core.catalog import Catalog
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
 from rayscale.sim.cloud import CloudConfig, Cluster
-from rayscale.sim.engine import DONE, FAILED, Engine, EngineConfig
+from rayscale.sim.engine import DONE, FAILED, Engine, EngineConfig, p95
 from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
 from rayscale.sim.trace import Trace
 
@@ -159,7 +159,7 @@ class Simulation:
             out = self.output[done] if len(done) else (self.output[lo:hi] if self._last_mix is None else None)
             out_mean = float(out.mean()) if out is not None else (self._last_mix.output_mean if self._last_mix else 1.0)
             p = self.prompt[lo:hi]
-            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), float(np.percentile(p, 95)))
+            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), p95(p))
         eng = self.engine
         ttft = eng.ttft[done]
         tpot = eng.tpot[done][self.output[done] > 1]
@@ -175,15 +175,15 @@ class Simulation:
             per_flavor[f] = FlavorObservation(
                 replicas=n,
                 running_per_replica=self._running_on(i) / n,
-                ttft_p95_s=float(np.percentile(eng.ttft[sel], 95)) if len(sel) else None,
-                tpot_p95_s=float(np.percentile(sel_tpot, 95)) if len(sel_tpot) else None,
+                ttft_p95_s=p95(eng.ttft[sel]) if len(sel) else None,
+                tpot_p95_s=p95(sel_tpot) if len(sel_tpot) else None,
                 prompt_mean=float(self.prompt[sel].mean()) if len(sel) else None,
             )
         return ModelSignals(
             self.model, Freshness.FRESH, 0.0, rate, self._last_mix,
             waiting=float(eng.waiting), running=float(eng.in_flight),
-            ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else None,
-            tpot_p95_s=float(np.percentile(tpot, 95)) if len(tpot) else None,
+            ttft_p95_s=p95(ttft) if len(ttft) else None,
+            tpot_p95_s=p95(tpot) if len(tpot) else None,
             kv_usage=eng.kv_usage(), per_flavor=per_flavor, rate_history=tuple(self._history),
         )
 
@@ -263,8 +263,8 @@ class Simulation:
         return SimResult(
             policy=self.policy.name, trace=self.trace.name, model=self.model, requests=n,
             slo_attainment=float(ok.sum()) / n,
-            ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else math.nan,
-            tpot_p95_s=float(np.percentile(tpot, 95)) if len(tpot) else math.nan,
+            ttft_p95_s=p95(ttft) if len(ttft) else math.nan,
+            tpot_p95_s=p95(tpot) if len(tpot) else math.nan,
             cost_usd=cost, accelerator_hours=dev_h, idle_node_hours=totals.idle_node_hours,
             failed_requests=int((eng.status == FAILED).sum()), scale_up_events=totals.scale_up_events,
             wall_s=wall, sim_s=end, node_hours=totals.node_hours, capacity_errors=totals.capacity_errors,
@@ -296,11 +296,11 @@ class Simulation:
             x = tt[idx]
             x = x[np.isfinite(x)]
             if len(x):
-                ttft_p95[k] = np.percentile(x, 95)
+                ttft_p95[k] = p95(x)
             y = tp[idx][outf[idx] > 1]
             y = y[np.isfinite(y)]
             if len(y):
-                tpot_p95[k] = np.percentile(y, 95)
+                tpot_p95[k] = p95(y)
             att[k] = okf[idx].mean()
         t_s = np.array([s[0] for s in self._samples])
         replicas = {f: np.array([s[2].get(f, 0) for s in self._samples]) for f in self.flavors}

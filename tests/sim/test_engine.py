@@ -82,3 +82,70 @@ def test_kill_fails_in_flight():
     assert e.in_flight == 2
     assert e.kill(r, 0.25) == 2
     assert e.in_flight == 0 and (e.status == 2).all()
+
+
+def _reference_admission(arr, kv, never, run, kv_used, slots, kvcap, live, T1):
+    """FIFO, least loaded (running, then index) live replica with a slot and KV room; head-of-line blocking."""
+    run, kv_used = list(run), list(kv_used)
+    out, failed, i = [], [], 0
+    while i < len(arr) and arr[i] < T1:
+        if never is not None and kv[i] > never:
+            if not any(live[r] and run[r] < slots[r] for r in range(len(run))):
+                break
+            failed.append(i)
+            i += 1
+            continue
+        room = sorted((run[r], r) for r in range(len(run)) if live[r] and run[r] < slots[r])
+        if not room:
+            break
+        pick = next((r for _, r in room if kv_used[r] + kv[i] <= kvcap[r]), None)
+        if pick is None:
+            break
+        run[pick] += 1
+        kv_used[pick] += kv[i]
+        out.append(pick)
+        i += 1
+    return out, failed, i
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_admission_matches_reference(seed):
+    """The int-keyed heap in Engine._admit hands out requests exactly like the plain FIFO rule."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    arr = np.sort(rng.uniform(0, 1, n))
+    prompt = rng.integers(1, 3000, n)
+    output = rng.integers(1, 500, n)
+    never = int(rng.choice([3000, 10**6]))
+    e = Engine(arr, prompt, output, max_kv_tokens=never)
+    nrep = int(rng.integers(1, 8))
+    for _ in range(nrep):
+        prof = PROF.model_copy(update={"kv_tokens": int(rng.integers(2000, 40000)),
+                                       "max_num_seqs": int(rng.integers(1, 20))})
+        e.add_replica(prof, 0)
+    e.r_run[:nrep] = [int(rng.integers(0, e.r_slots[r] + 1)) for r in range(nrep)]
+    e.r_kv[:nrep] = rng.integers(0, 3000, nrep)
+    for r in range(nrep):
+        if rng.random() < 0.2:
+            e.drain(r)
+    want_rep, want_failed, want_head = _reference_admission(
+        arr.tolist(), (prompt + np.maximum(output, 1)).tolist(), never, e.r_run[:nrep].tolist(),
+        e.r_kv[:nrep].tolist(), e.r_slots[:nrep].tolist(), e.r_kvcap[:nrep].tolist(),
+        (e.r_state[:nrep] == 0).tolist(), 1.0)
+    e._admit(0.0, 1.0)
+    assert e.q_head == want_head
+    assert e.p_rep[: e.m].tolist() == want_rep
+    assert np.flatnonzero(e.status == 2).tolist() == want_failed
+
+
+def test_p95_is_numpy_percentile_bit_for_bit():
+    from rayscale.sim.engine import p95
+
+    rng = np.random.default_rng(0)
+    for n in [*range(1, 60), 257, 1000, 4099]:
+        for x in (rng.lognormal(0, 1, n), rng.lognormal(0, 1, n).astype(np.float32), rng.integers(0, 4000, n),
+                  (rng.integers(0, 5, n) * 0.1).astype(np.float32)):
+            assert p95(x) == float(np.percentile(x, 95))
+    x = rng.random(50)
+    x[7] = np.nan
+    assert np.isnan(p95(x))

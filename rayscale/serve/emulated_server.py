@@ -1,0 +1,169 @@
+"""Serve deployment class for the emulated engine, with the call interface of Ray Serve LLM's LLMServer.
+
+The ingress calls ``chat`` / ``completions`` on either server the same way. Responses here are plain
+OpenAI JSON (dicts, and SSE strings when streaming), so an emulated replica never imports vLLM or
+torch and starts in well under a second.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from rayscale.engines.emulated import EmulatedEngine, EngineOverloaded, TokenChunk, count_tokens
+from rayscale.engines.profile import EmulatedProfile
+
+
+def _get(req: Any, key: str, default: Any = None) -> Any:
+    if isinstance(req, dict):
+        return req.get(key, default)
+    return getattr(req, key, default)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    import json
+
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def error_body(
+    message: str, code: int = 400, type_: str = "BadRequestError", param: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class EmulatedLLMServer:
+    """One replica of an emulated (model, flavor): latency from the profile, no compute."""
+
+    def __init__(
+        self,
+        model_name: str,
+        profile: dict[str, Any],
+        max_model_len: int = 32768,
+        stream_interval_s: float = 0.0,
+    ) -> None:
+        from rayscale.serve.metrics import EmulatedEngineMetrics, serve_identity
+
+        # Says which flavor deployment answered (responses carry it as system_fingerprint).
+        self.fingerprint = f"rayscale-emulated:{serve_identity()['deployment'] or model_name}"
+        self.model_name = model_name
+        self.profile = EmulatedProfile.from_profile(profile)
+        self.engine = EmulatedEngine(
+            self.profile,
+            max_model_len=max_model_len,
+            stream_interval_s=stream_interval_s,
+            metrics=EmulatedEngineMetrics(model_name),
+        )
+
+    async def check_health(self) -> None:
+        return None
+
+    async def stats(self) -> dict[str, float]:
+        e = self.engine
+        return {"waiting": e.num_waiting, "running": e.num_running, "kv_usage": e.kv_usage}
+
+    def _max_tokens(self, request: Any, prompt_tokens: int) -> int:
+        mt = _get(request, "max_completion_tokens") or _get(request, "max_tokens")
+        if mt is None:
+            # vLLM's default: whatever room the context leaves.
+            mt = max(1, self.engine.max_model_len - prompt_tokens)
+        return int(mt)
+
+    async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        messages = _get(request, "messages") or []
+        text = "".join(str(_get(m, "content", "") or "") for m in messages)
+        async for item in self._run(request, count_tokens(text) + 3 * len(messages), chat=True):
+            yield item
+
+    async def completions(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
+        prompt = _get(request, "prompt")
+        if isinstance(prompt, list):
+            n = (
+                len(prompt)
+                if prompt and isinstance(prompt[0], int)
+                else count_tokens(" ".join(map(str, prompt)))
+            )
+        else:
+            n = count_tokens(str(prompt or ""))
+        async for item in self._run(request, n, chat=False):
+            yield item
+
+    async def _run(self, request: Any, prompt_tokens: int, chat: bool) -> AsyncIterator[Any]:
+        max_tokens = self._max_tokens(request, prompt_tokens)
+        try:
+            self.engine.check(prompt_tokens, max_tokens)
+        except EngineOverloaded as e:
+            yield error_body(str(e), 400, "BadRequestError", "max_tokens")
+            return
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+        stream = bool(_get(request, "stream"))
+        gen = self.engine.generate(prompt_tokens, max_tokens)
+        if not stream:
+            parts: list[str] = []
+            done = 0
+            finish = "length"
+            async for ch in gen:
+                parts.append(ch.text)
+                done += ch.num_tokens
+                finish = ch.finish_reason or finish
+            text = "".join(parts)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            yield {
+                "id": rid,
+                "object": obj,
+                "created": created,
+                "model": self.model_name,
+                "system_fingerprint": self.fingerprint,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": done,
+                    "total_tokens": prompt_tokens + done,
+                },
+            }
+            return
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        include_usage = bool(_get(_get(request, "stream_options") or {}, "include_usage", False))
+
+        def chunk(ch: TokenChunk | None, first: bool = False) -> str:
+            if chat:
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+                if ch is not None:
+                    delta["content"] = ch.text
+                c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
+            else:
+                c = {"index": 0, "text": ch.text if ch else "", "finish_reason": None, "logprobs": None}
+            if ch is not None and ch.finish_reason:
+                c["finish_reason"] = ch.finish_reason
+            return _sse(
+                {"id": rid, "object": chunk_obj, "created": created, "model": self.model_name,
+                 "system_fingerprint": self.fingerprint, "choices": [c]}
+            )  # fmt: skip
+
+        done = 0
+        if chat:
+            yield [chunk(None, first=True)]
+        async for ch in gen:
+            done += ch.num_tokens
+            yield [chunk(ch)]
+        if include_usage:
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": done,
+                "total_tokens": prompt_tokens + done,
+            }
+            yield [
+                _sse(
+                    {"id": rid, "object": chunk_obj, "created": created, "model": self.model_name,
+                     "choices": [], "usage": usage}
+                )
+            ]  # fmt: skip
+        yield ["data: [DONE]\n\n"]

@@ -1,0 +1,189 @@
+"""The one OpenAI-compatible ingress: routes by model name, then spreads over flavors by weight.
+
+Extends Ray Serve LLM's ``OpenAiIngress`` (request models, SSE framing, error middleware) instead of
+rewriting it: only handle selection and response handling for the emulated engine's plain-JSON
+responses differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import Any
+
+from fastapi import HTTPException, Request, status
+from ray.llm._internal.serve.constants import DEFAULT_LLM_ROUTER_HTTP_TIMEOUT
+from ray.llm._internal.serve.core.configs.openai_api_models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    OpenAIHTTPException,
+)
+from ray.llm._internal.serve.core.ingress.ingress import (
+    DEFAULT_ENDPOINTS,
+    OpenAiIngress,
+    init,
+    make_fastapi_ingress,
+    router_request_timeout,
+)
+from ray.llm._internal.serve.core.ingress.utils import (
+    NON_STREAMING_RESPONSE_TYPES,
+    _openai_json_wrapper,
+    _peek_at_generator,
+)
+from ray.serve.handle import DeploymentHandle
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rayscale.serve.weights import get_store, pick_flavor, validate_weights
+
+logger = logging.getLogger("rayscale.ingress")
+
+
+class RayscaleIngress(OpenAiIngress):
+    def __init__(
+        self,
+        flavor_deployments: dict[str, dict[str, DeploymentHandle]],
+        model_cards: dict[str, ModelCard],
+        weights: dict[str, dict[str, float]],
+        max_model_len: dict[str, int],
+        app_name: str = "default",
+        weights_refresh_s: float = 1.0,
+    ) -> None:
+        # The parent keeps one handle per model for its own bookkeeping; routing goes through ours.
+        super().__init__({m: next(iter(h.values())) for m, h in flavor_deployments.items()}, model_cards)
+        self._flavors = flavor_deployments
+        self._config_weights = {m: dict(w) for m, w in weights.items()}
+        self._weights = {m: dict(w) for m, w in weights.items()}
+        self._max_model_len = max_model_len
+        self._streaming: dict[tuple[str, str], DeploymentHandle] = {}
+        self._rng = random.Random()
+        self._app_name = app_name
+        self._refresh_s = weights_refresh_s
+        self._version = -1
+        self._refresher: asyncio.Task[None] | None = None
+        self.routed: dict[str, dict[str, int]] = {
+            m: dict.fromkeys(f, 0) for m, f in flavor_deployments.items()
+        }
+
+    # --- weights ---------------------------------------------------------------------------------
+    async def _refresh_loop(self) -> None:
+        store = get_store(self._app_name)
+        while True:
+            with contextlib.suppress(Exception):  # store restarting: keep the last weights
+                version, weights = await store.get.remote(self._version)
+                if weights is not None:
+                    self._apply(weights)
+                self._version = version
+            await asyncio.sleep(self._refresh_s)
+
+    def _apply(self, weights: dict[str, dict[str, float]]) -> None:
+        for model, w in weights.items():
+            if model not in self._flavors:
+                continue
+            known = list(self._flavors[model])
+            try:
+                w = validate_weights({f: x for f, x in w.items() if f in known}, known)
+            except ValueError:
+                continue
+            # Flavors the store does not mention keep their configured weight.
+            self._weights[model] = {f: w.get(f, self._config_weights[model].get(f, 0.0)) for f in known}
+
+    def _ensure_refresher(self) -> None:
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    async def get_weights(self) -> dict[str, dict[str, float]]:
+        self._ensure_refresher()
+        return {m: dict(w) for m, w in self._weights.items()}
+
+    async def get_routed(self) -> dict[str, dict[str, int]]:
+        return {m: dict(c) for m, c in self.routed.items()}
+
+    # --- routing -----------------------------------------------------------------------------------
+    async def _get_model_id(self, model: str | None) -> str:
+        # FastAPI renders a plain HTTPException as {"detail": ...}; OpenAIHTTPException goes through
+        # Ray LLM's error middleware, which writes the OpenAI {"error": {...}} body.
+        try:
+            return str(await super()._get_model_id(model))
+        except HTTPException as e:
+            raise OpenAIHTTPException(
+                status_code=e.status_code,
+                message=str(e.detail),
+                type="NotFoundError" if e.status_code == 404 else "BadRequestError",
+            ) from e
+
+    def _get_configured_serve_handle(self, model_id: str) -> DeploymentHandle:
+        self._ensure_refresher()
+        if model_id not in self._flavors:
+            raise OpenAIHTTPException(
+                status_code=status.HTTP_404_NOT_FOUND,
+                message=f'Could not find model with id "{model_id}".',
+                type="NotFoundError",
+            )
+        flavor = pick_flavor(self._weights[model_id], self._rng)
+        self.routed[model_id][flavor] += 1
+        key = (model_id, flavor)
+        if key not in self._streaming:
+            self._streaming[key] = self._flavors[model_id][flavor].options(stream=True)
+        return self._streaming[key]
+
+    def _check_request(self, body: Any) -> None:
+        """Rejections vLLM would not make itself, or that the emulated engine needs the ingress to make."""
+        if isinstance(body, ChatCompletionRequest) and not body.messages:
+            raise OpenAIHTTPException(
+                status_code=status.HTTP_400_BAD_REQUEST,
+                message="'messages' must contain at least one message",
+                type="BadRequestError",
+            )
+        limit = self._max_model_len.get(body.model or "")
+        mt = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
+        if limit is not None and mt is not None and mt > limit:
+            raise OpenAIHTTPException(
+                status_code=status.HTTP_400_BAD_REQUEST,
+                message=f"max_tokens={mt} is more than this model's maximum context length of {limit} tokens",
+                type="BadRequestError",
+            )
+
+    async def _process_llm_request(
+        self, body: Any, call_method: str, raw_request: Request | None = None
+    ) -> Response:
+        await self._get_model_id(body.model)  # 404 for unknown models before anything else
+        self._check_request(body)
+        async with router_request_timeout(DEFAULT_LLM_ROUTER_HTTP_TIMEOUT):
+            gen = self._get_response(body=body, call_method=call_method, raw_request=raw_request)
+            first, gen = await _peek_at_generator(gen)
+            head = first[0] if isinstance(first, list) and first else first
+            if isinstance(head, ErrorResponse):
+                raise OpenAIHTTPException(
+                    message=head.error.message, status_code=head.error.code, type=head.error.type
+                )
+            if isinstance(head, dict) and "error" in head:
+                err = head["error"]
+                raise OpenAIHTTPException(
+                    message=err["message"], status_code=int(err.get("code", 400)), type=err.get("type", "")
+                )
+            if isinstance(head, NON_STREAMING_RESPONSE_TYPES):
+                return JSONResponse(content=head.model_dump())
+            if isinstance(head, dict):
+                return JSONResponse(content=head)
+            stream: Any = gen  # chunks are lists of SSE strings from either engine
+            return StreamingResponse(_openai_json_wrapper(stream), media_type="text/event-stream")
+
+
+def openai_error_body(e: OpenAIHTTPException) -> dict[str, Any]:
+    return {"error": {"message": e.message, "type": e.type, "param": None, "code": e.status_code}}
+
+
+def make_ingress_class() -> Any:
+    """The FastAPI-wrapped ingress class, with the standard OpenAI routes plus weight inspection."""
+    app = init()
+    endpoints = {k: DEFAULT_ENDPOINTS[k] for k in ("models", "model_data", "completions", "chat")}
+    endpoints["get_weights"] = lambda a: a.get("/rayscale/weights")
+    endpoints["get_routed"] = lambda a: a.get("/rayscale/routed")
+    return make_fastapi_ingress(RayscaleIngress, endpoint_map=endpoints, app=app)
+
+
+__all__ = ["CompletionRequest", "RayscaleIngress", "make_ingress_class", "openai_error_body"]

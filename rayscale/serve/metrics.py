@@ -1,0 +1,233 @@
+"""Engine metrics in vLLM's names, labelled per (model, flavor, replica), exported through Ray.
+
+vLLM's own ``RayPrometheusStatLogger`` (what Ray Serve LLM installs with ``log_engine_metrics``)
+labels series with ``model_name``, ``engine`` and ``ReplicaId`` only. The controller needs the flavor
+too, so both engines here add ``model``, ``flavor`` and ``deployment`` tags, read from the Serve
+replica context (deployment name ``{model}--{flavor}``). Ray exports them on each node's metrics
+port as ``ray_vllm_<name>`` (``:`` is not allowed in Ray metric names).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Extra tags rayscale adds to every engine series; vLLM's own are model_name, engine, ReplicaId.
+EXTRA_TAG_KEYS: tuple[str, ...] = ("model", "flavor", "deployment")
+VLLM_TAG_KEYS: tuple[str, ...] = ("model_name", "engine", "ReplicaId")
+ALL_TAG_KEYS: tuple[str, ...] = VLLM_TAG_KEYS + EXTRA_TAG_KEYS
+
+# vLLM 0.32 defaults (vllm/v1/metrics/buckets.py), copied so the emulated engine need not import vllm.
+TTFT_BUCKETS = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0, 160.0, 640.0, 2560.0,
+]  # fmt: skip
+ITL_BUCKETS = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+]  # fmt: skip
+E2E_BUCKETS = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+]  # fmt: skip
+
+# vLLM metric name -> name as Ray's Prometheus endpoint shows it (counters gain "_total").
+EXPORTED = {
+    "vllm:num_requests_running": "ray_vllm_num_requests_running",
+    "vllm:num_requests_waiting": "ray_vllm_num_requests_waiting",
+    "vllm:kv_cache_usage_perc": "ray_vllm_kv_cache_usage_perc",
+    "vllm:time_to_first_token_seconds": "ray_vllm_time_to_first_token_seconds",
+    "vllm:request_time_per_output_token_seconds": "ray_vllm_request_time_per_output_token_seconds",
+    "vllm:inter_token_latency_seconds": "ray_vllm_inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds": "ray_vllm_e2e_request_latency_seconds",
+    "vllm:prompt_tokens": "ray_vllm_prompt_tokens_total",
+    "vllm:generation_tokens": "ray_vllm_generation_tokens_total",
+}
+
+
+def sanitize(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+
+def serve_identity() -> dict[str, str]:
+    """model, flavor, deployment and replica id of the Serve replica this runs in ("" outside Serve)."""
+    ident = {"model": "", "flavor": "", "deployment": "", "ReplicaId": ""}
+    try:
+        from ray import serve
+
+        ctx = serve.get_replica_context()
+    except Exception:
+        return ident
+    dep = ctx.deployment
+    model, sep, flavor = dep.rpartition("--")
+    ident.update(
+        deployment=dep,
+        model=model if sep else dep,
+        flavor=flavor if sep else "",
+        ReplicaId=ctx.replica_id.unique_id,
+    )
+    return ident
+
+
+def rayscale_stat_logger_cls() -> type:
+    """vLLM's RayPrometheusStatLogger with rayscale's extra tags on every series (imports vllm)."""
+    from vllm.v1.metrics import ray_wrappers as rw
+
+    ident = serve_identity()
+    extra = {k: ident[k] for k in EXTRA_TAG_KEYS}
+
+    class _Tagged:
+        # Mixed in before vLLM's wrapper: tag keys and values get rayscale's extra tags.
+        metric: Any
+        _tags: dict[str, str]
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._tags = {**self._tags, **extra}
+
+        @staticmethod
+        def _get_tag_keys(labelnames: list[str] | None) -> tuple[str, ...]:
+            return (*(labelnames or []), "ReplicaId", *EXTRA_TAG_KEYS)
+
+        def _build_tags(self, *labels: Any, **kw: Any) -> dict[str, str]:
+            if labels:
+                keys = [k for k in self.metric._tag_keys if k != "ReplicaId" and k not in EXTRA_TAG_KEYS]
+                if len(labels) != len(keys):
+                    raise ValueError(f"expected {len(keys)} labels, got {len(labels)}")
+                kw.update(zip(keys, labels, strict=True))
+            kw["ReplicaId"] = rw._get_replica_id() or ""
+            kw.update(extra)
+            return {k: v if isinstance(v, str) else str(v) for k, v in kw.items()}
+
+    class Gauge(_Tagged, rw.RayGaugeWrapper):
+        pass
+
+    class Counter(_Tagged, rw.RayCounterWrapper):
+        pass
+
+    class Histogram(_Tagged, rw.RayHistogramWrapper):
+        pass
+
+    class SpecDecoding(rw.RaySpecDecodingProm):
+        _counter_cls = Counter
+
+    class KVConnector(rw.RayKVConnectorProm):
+        _gauge_cls = Gauge
+        _counter_cls = Counter
+        _histogram_cls = Histogram
+
+    class Perf(rw.RayPerfMetricsProm):
+        _counter_cls = Counter
+
+    class RayscaleStatLogger(rw.RayPrometheusStatLogger):
+        _gauge_cls = Gauge
+        _counter_cls = Counter
+        _histogram_cls = Histogram
+        _spec_decoding_cls = SpecDecoding
+        _kv_connector_cls = KVConnector
+        _perf_metrics_cls = Perf
+
+    return RayscaleStatLogger
+
+
+class EmulatedEngineMetrics:
+    """The emulated engine's metrics: same names, tag keys and buckets as the vLLM path."""
+
+    def __init__(self, served_model_name: str) -> None:
+        from ray.util import metrics as rm
+
+        ident = serve_identity()
+        self._tags = {
+            "model_name": served_model_name,
+            "engine": "0",
+            "ReplicaId": ident["ReplicaId"],
+            **{k: ident[k] for k in EXTRA_TAG_KEYS},
+        }
+        if not self._tags["model"]:
+            self._tags["model"] = served_model_name
+        keys = ALL_TAG_KEYS
+
+        def g(name: str, doc: str) -> Any:
+            return rm.Gauge(sanitize(name), description=doc, tag_keys=keys)
+
+        def c(name: str, doc: str) -> Any:
+            return rm.Counter(sanitize(name), description=doc, tag_keys=keys)
+
+        def h(name: str, doc: str, b: list[float]) -> Any:
+            return rm.Histogram(sanitize(name), description=doc, boundaries=b, tag_keys=keys)
+
+        self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prompt = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.gen = c("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token.", TTFT_BUCKETS)
+        self.tpot = h(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", ITL_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.", E2E_BUCKETS)
+        self.set_queue(0, 0, 0.0)
+
+    def set_queue(self, waiting: int, running: int, kv_usage: float) -> None:
+        self.waiting.set(waiting, tags=self._tags)
+        self.running.set(running, tags=self._tags)
+        self.kv.set(kv_usage, tags=self._tags)
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds, tags=self._tags)
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.observe(seconds, tags=self._tags)
+
+    def observe_tpot(self, seconds: float) -> None:
+        self.tpot.observe(seconds, tags=self._tags)
+
+    def observe_e2e(self, seconds: float) -> None:
+        self.e2e.observe(seconds, tags=self._tags)
+
+    def add_tokens(self, prompt: int, generation: int) -> None:
+        if prompt:
+            self.prompt.inc(prompt, tags=self._tags)
+        if generation:
+            self.gen.inc(generation, tags=self._tags)
+
+
+# --- reading them back --------------------------------------------------------------------------
+
+
+def metrics_export_urls() -> list[str]:
+    """Prometheus endpoints of every alive Ray node (``MetricsExportPort`` in ray.nodes())."""
+    import ray
+
+    urls = []
+    for n in ray.nodes():
+        if n.get("Alive") and n.get("MetricsExportPort"):
+            urls.append(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics")
+    return urls
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) for every sample of a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.append((s.name, dict(s.labels), float(s.value)))
+    return out
+
+
+def scrape_engine_metrics(timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
+    """All ``ray_vllm_*`` samples from all nodes of the connected Ray cluster."""
+    import httpx
+
+    samples = []
+    for url in metrics_export_urls():
+        try:
+            r = httpx.get(url, timeout=timeout_s)
+        except httpx.HTTPError:
+            continue  # a node going away; its series are simply missing this round
+        samples += [s for s in parse_prometheus(r.text) if s[0].startswith("ray_vllm_")]
+    return samples

@@ -1,0 +1,170 @@
+"""The controller closing the loop on a real local cluster: scale up on a load step, hold when metrics
+are gone, drain without dropping a request, and survive a kill -9 mid scale-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rayscale.cluster.actuator import LABEL_GANG
+from rayscale.cluster.local import LocalCluster
+from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+from rayscale.controller.act import GangPhase
+from rayscale.controller.loop import Controller, ControllerConfig
+from rayscale.controller.serve_client import ServeClient
+from rayscale.core.plan import PlannerSettings
+from rayscale.loadgen import LoadGenConfig, replay
+from rayscale.serve.weights import set_flavor_weights
+from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
+from rayscale.sim.trace import LengthDist, poisson
+from tests.e2e.conftest import APP, MODEL, local_catalog, wait_for
+
+DEP = (MODEL, "a10g")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(url: str, rate: float, duration_s: float, seed: int) -> Any:
+    trace = poisson(rate, duration_s, seed=seed, prompt=LengthDist(100, 0.3, 50, 200),
+                    output=LengthDist(32, 0.0, 32, 32))
+    return replay(trace, LoadGenConfig(base_url=url, model=MODEL, max_output_tokens=32, progress=False,
+                                       request_timeout_s=60, seed=seed))
+
+
+class Background:
+    def __init__(self, fn: Any) -> None:
+        self.result: Any = None
+        self.t = threading.Thread(target=lambda: setattr(self, "result", fn()), daemon=True)
+        self.t.start()
+
+    def join(self, timeout_s: float) -> Any:
+        self.t.join(timeout_s)
+        assert not self.t.is_alive(), "load replay did not finish in time"
+        return self.result
+
+
+@pytest.fixture(scope="module")
+def ctl(cluster: LocalCluster, serve_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
+    assert cluster.dashboard_url
+    act = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=1.0, max_worker_nodes=3,
+                                                     drain_grace_s=20.0))
+    log = tmp_path_factory.mktemp("ctl") / "decisions.jsonl"
+    scraper = MetricsScraper(ray_metrics_endpoints)
+    c = Controller(local_catalog(), act, ServeClient(cluster.dashboard_url), scraper,
+                   ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP, decision_log=log,
+                                    planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
+                   weights_sink=set_flavor_weights)
+    c.start()
+    yield c
+    c.stop()
+    act.close()
+
+
+def _serve(ctl: Controller) -> tuple[int, int]:
+    s = ctl.serve.snapshot()
+    return s.target.get(DEP, 0), s.running.get(DEP, 0)
+
+
+def _ready_gangs(ctl: Controller) -> list[Any]:
+    return [g for g in ctl.gangs() if g.phase == GangPhase.READY]
+
+
+def test_min_replicas_first_gang_then_serves(ctl: Controller, serve_url: str) -> None:
+    wait_for(lambda: len(_ready_gangs(ctl)) == 1 and _serve(ctl) == (1, 1), 180, "the first gang and replica")
+    r = _load(serve_url, 1.0, 5.0, seed=1)
+    assert r.summary.errors == 0, r.summary.table()
+
+
+def test_load_step_adds_nodes_and_serves_through_them(ctl: Controller, serve_url: str) -> None:
+    before = {g.name for g in _ready_gangs(ctl)}
+    bg = Background(lambda: _load(serve_url, 3.0, 60.0, seed=2))
+    wait_for(lambda: _serve(ctl)[0] >= 2 and len(_ready_gangs(ctl)) >= 2, 120, "a scale-up to 2+ replicas")
+    new = {g.name for g in _ready_gangs(ctl)} - before
+    assert new, "the scale-up must run on a new gang"
+    new_nodes = {n for g in ctl.gangs() if g.name in new for n in g.node_ids}
+    # Serve placed a replica on the new gang's node and requests reached it (per-replica metrics).
+    wait_for(lambda: any(ctl.serve.snapshot().per_node.get(n, 0) for n in new_nodes), 60, "a replica on the new node")
+    res = bg.join(180)
+    assert res.summary.errors == 0, res.summary.table()
+    ups = [a for rec in ctl.records for a in rec.actions if a["type"] == "CreateGang"]
+    assert ups and all("plan wants" in a["reason"] for a in ups)
+    assert any("scale up" in e["reason"] for rec in ctl.records for e in rec.plan.get("entries", []))
+
+
+def test_metrics_down_holds_capacity_then_drains_without_dropping(ctl: Controller, serve_url: str) -> None:
+    wait_for(lambda: _serve(ctl)[0] >= 2, 60, "replicas from the load step")
+    n_before = _serve(ctl)[0]
+    good = ctl.scraper.endpoints
+    ctl.scraper.endpoints = lambda: ["http://127.0.0.2:9/metrics"]  # the metrics source goes away
+    t0 = time.time()
+    time.sleep(30.0)  # > stale_after_s + downscale_delay_s + dwell: a zero-load reading would scale down
+    held = [r for r in ctl.records if r.t >= t0 + 10]
+    assert held and _serve(ctl)[0] == n_before
+    assert all(not [a for a in r.actions if a["type"] in ("DeleteGang", "SetReplicas")] for r in held)
+    assert any("stale" in json.dumps(r.plan) for r in held), "decision records must say why capacity is held"
+    # Metrics back, low steady load: the controller drains replicas first, then releases their nodes,
+    # and every request (streams included) completes.
+    ctl.scraper.endpoints = good
+    bg = Background(lambda: _load(serve_url, 0.3, 60.0, seed=3))
+    wait_for(lambda: _serve(ctl) == (1, 1) and len(ctl.gangs()) == 1, 150, "drain back to one replica and gang")
+    res = bg.join(180)
+    assert res.summary.errors == 0 and res.summary.requests > 5, res.summary.table()
+    kinds = [a["type"] for r in ctl.records if r.t >= t0 for a in r.actions]
+    assert "SetReplicas" in kinds and "DeleteGang" in kinds
+    assert kinds.index("SetReplicas") < kinds.index("DeleteGang")  # drain first, then release
+
+
+def test_kill_mid_scale_up_and_restart(ctl: Controller, cluster: LocalCluster, tmp_path: Path) -> None:
+    ctl.stop()  # one writer at a time: the CLI controller takes over
+    time.sleep(3)
+    cat = local_catalog()
+    m = cat.models[MODEL].model_copy(update={"min_replicas": 2})
+    files = {
+        "models": {"models": [json.loads(m.model_dump_json())]},
+        "flavors": {"flavors": [json.loads(f.model_dump_json()) for f in cat.flavors.values()]},
+        "profiles": {"profiles": [json.loads(p.model_dump_json()) for p in cat.profiles.values()]},
+    }
+    for k, v in files.items():
+        (tmp_path / f"{k}.yaml").write_text(yaml.safe_dump(v))
+    log = tmp_path / "d.jsonl"
+
+    def start() -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "rayscale.cli", "controller", "--root", str(cluster.root),
+               "--models", str(tmp_path / "models.yaml"), "--flavors", str(tmp_path / "flavors.yaml"),
+               "--profiles", str(tmp_path / "profiles.yaml"), "--period", "1", "--launch-delay", "4",
+               "--decision-log", str(log), "--duration", "120"]
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    p = start()
+    try:
+        wait_for(lambda: log.exists() and "CreateGang" in log.read_text(), 90, "the CLI controller to order a gang")
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+    p2 = start()
+    try:
+        def converged() -> bool:
+            gangs = ctl.actuator.gangs(time.time())
+            names = [g.name for g in gangs]
+            return len(names) == 2 and len(set(names)) == 2 and all(g.phase == GangPhase.READY for g in gangs)
+
+        wait_for(converged, 120, "two ready gangs after the restart")
+        time.sleep(4)  # a few more periods: nothing more is created
+        gangs = ctl.actuator.gangs(time.time())
+        assert sorted(g.name for g in gangs) == ["mistral-7b-a10g-od-0", "mistral-7b-a10g-od-1"]
+        owned = [n for n in cluster.nodes() if not n.is_head]
+        assert len(owned) == 2 and all(n.labels.get(LABEL_GANG) in {g.name for g in gangs} for n in owned)
+    finally:
+        p2.send_signal(signal.SIGTERM)
+        p2.wait(30)
