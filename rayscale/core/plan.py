@@ -55,6 +55,10 @@ class PlannerMemory:
 
     last_change_s: dict[str, float] = field(default_factory=dict)  # model -> time of last target change
     below_since_s: dict[str, float] = field(default_factory=dict)  # model -> when over-provisioning began
+    # The last plan's target per model: what the world is converging to. Planning against it rather than
+    # the world keeps a decision in force while gangs drain or start (the world lags the plan), so the
+    # planner does not re-decide the old state and flap.
+    targets: dict[str, dict[Key, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,10 @@ def plan(
     memory: PlannerMemory | None = None,
     settings: PlannerSettings = PlannerSettings(),
 ) -> tuple[Plan, PlannerMemory]:
-    current = {k: v for k, v in (current or {}).items() if v > 0}
+    world = {k: v for k, v in (current or {}).items() if v > 0}
     memory = memory or PlannerMemory()
     blocked = _blocked(catalog, unavailable or {}, now)
+    current = _converging(world, memory.targets, blocked)
     notes: list[str] = []
     last_change = dict(memory.last_change_s)
     below_since = dict(memory.below_since_s)
@@ -275,7 +280,29 @@ def plan(
         if demands.get(m) is not None and demands[m].state == DemandState.OK
     )
     entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
-    return Plan(tuple(entries), shortfalls, sol.method, tuple(notes)), PlannerMemory(last_change, below_since)
+    targets: dict[str, dict[Key, int]] = {m: {} for m in catalog.models}
+    for e in entries:
+        if e.replicas > 0:
+            targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
+    return (Plan(tuple(entries), shortfalls, sol.method, tuple(notes)),
+            PlannerMemory(last_change, below_since, targets))
+
+
+def _converging(world: dict[Key, int], targets: dict[str, dict[Key, int]],
+                blocked: set[tuple[str, str]]) -> dict[Key, int]:
+    """What each model is converging to: its last target, else (first plan, restart) the world.
+
+    Where an offering is backed off the world wins when it has less: a gang that cannot launch must
+    free its demand for another flavor instead of being kept in the plan.
+    """
+    out = {k: v for k, v in world.items() if k[0] not in targets}
+    for m, tgt in targets.items():
+        for k, v in tgt.items():
+            if (k[1], k[2]) in blocked:
+                v = min(v, world.get(k, 0))
+            if v > 0:
+                out[k] = v
+    return out
 
 
 def _offer_shape(catalog: Catalog, flavor: str, par: Parallelism

@@ -78,3 +78,18 @@ def test_capacity_is_never_cancelled_before_it_could_serve() -> None:
     assert p.target() == cur and f"{startup:.0f}s after the last change" in p.entries[0].reason
     p, _ = plan(CAT, estimate(CAT, sig), cur, now=startup + 1, memory=mem, settings=s)
     assert sum(p.target().values()) < 6
+
+
+def test_a_decision_holds_while_the_world_converges() -> None:
+    """After a scale-down the gangs drain for a while; re-planning against them must not undo it."""
+    world = {("mistral-7b", "a10g", "on-demand"): 6}
+    mem = PlannerMemory(below_since_s={"mistral-7b": 0.0})
+    _, t1, mem = _step(1.0, world, 1000.0, mem)
+    n = sum(t1.values())
+    assert n < 6
+    for t in (1002.0, 1004.0, 1010.0):  # the world still shows 6 (draining), demand unchanged
+        _, tgt, mem = _step(1.0, world, t, mem)
+        assert sum(tgt.values()) == n, t
+    # A restart (no memory) starts from the world again.
+    _, tgt, _ = _step(1.0, world, 1012.0, PlannerMemory())
+    assert sum(tgt.values()) == 6
