@@ -53,6 +53,8 @@ class DemoConfig:
     request_timeout_s: float = 60.0
     replay_deadline_s: float = 240.0
     progress: bool = True
+    autoscale: bool = True  # the controller phase: a burst on the emulated Mistral-7B, scaled by rayscale
+    out_dir: Path = REPO_ROOT / "out"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -169,8 +171,10 @@ def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> int:
     from rayscale.cluster.local import LocalCluster, LocalClusterConfig
     from rayscale.loadgen import LoadGenConfig, replay
 
-    step = Step(5, out)
-    cluster = LocalCluster(LocalClusterConfig(root_dir=cfg.root_dir, head_num_cpus=1))
+    step = Step(6 if cfg.autoscale else 5, out)
+    # Engine metrics reach Ray's Prometheus endpoints within ~1 s (default ~10 s): the controller reads them.
+    cluster = LocalCluster(LocalClusterConfig(root_dir=cfg.root_dir, head_num_cpus=1,
+                                              env={"RAY_metrics_report_interval_ms": "1000"}))
     connected = False
 
     def on_term(signum: int, frame: Any) -> None:
@@ -214,7 +218,13 @@ def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> int:
             result = replay(trace, lg)
         with step("report"):
             out(result.summary.table(title=f"{model} on {cfg.flavor} (vLLM CPU), {trace.name}"))
-        return 0 if result.summary.ok > 0 else 1
+        rc = 0 if result.summary.ok > 0 else 1
+        if cfg.autoscale:
+            from rayscale import autoscale_demo
+
+            with step("autoscale: the controller scales the emulated Mistral-7B on a10g nodes through a burst"):
+                rc = max(rc, autoscale_demo.run(cluster, base_url, cfg.trace, out, cfg.out_dir, cfg.progress))
+        return rc
     except (KeyboardInterrupt, _Terminated):
         out("interrupted: stopping everything the demo started")
         return 130

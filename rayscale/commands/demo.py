@@ -25,6 +25,9 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8000, help="Serve HTTP port if free (default 8000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-autoscale", action="store_true",
+                   help="skip the controller phase (burst on the emulated Mistral-7B, scaled by rayscale)")
+    p.add_argument("--out", type=Path, default=None, help="where the plot and decision log go (default: out/)")
     p.set_defaults(handler=run)
 
 
@@ -44,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
             http_port=args.port,
             seed=args.seed,
             progress=not args.no_progress,
+            autoscale=not args.no_autoscale,
+            **({"out_dir": args.out} if args.out else {}),
         )
     except ValueError as e:
         print(f"error: {e}")

@@ -80,7 +80,7 @@ def _sig_summary(s: ModelSignals) -> dict[str, Any]:
 class Controller:
     def __init__(self, catalog: Catalog, actuator: Actuator, serve: ServeClient, scraper: MetricsScraper,
                  config: ControllerConfig | None = None, clock: Callable[[], float] = time.time,
-                 weights_sink: Callable[[str, str, dict[str, float]], None] | None = None):
+                 weights_sink: Callable[[str, str, dict[str, float]], Any] | None = None):
         self.catalog = catalog
         self.actuator = actuator
         self.serve = serve

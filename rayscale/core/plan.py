@@ -296,7 +296,7 @@ def _converging(world: dict[Key, int], targets: dict[str, dict[Key, int]],
     free its demand for another flavor instead of being kept in the plan.
     """
     out = {k: v for k, v in world.items() if k[0] not in targets}
-    for m, tgt in targets.items():
+    for tgt in targets.values():
         for k, v in tgt.items():
             if (k[1], k[2]) in blocked:
                 v = min(v, world.get(k, 0))

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from rayscale.autoscale_demo import app_args, local_stand_in_catalog
 from rayscale.cluster.local import LocalCluster, LocalClusterConfig
-from rayscale.config import load_catalog
-from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits
+from rayscale.core.catalog import Catalog
 
 NODE_IP = "127.0.0.2"
 APP = "rayscale"
@@ -48,17 +48,7 @@ def free_port() -> int:
 
 
 def local_catalog() -> Catalog:
-    """The shipped Mistral-7B/A10G entry, with start-up times of local nodes (seconds, not minutes)."""
-    cat = load_catalog().subset([MODEL], ["a10g"])
-    fl = cat.flavors["a10g"].model_copy(update={
-        "node_startup_s": 5.0, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
-        "limits": FlavorLimits(nodes=3), "spot_max_share": 0.0})
-    m = cat.models[MODEL].model_copy(update={"min_replicas": 1, "max_replicas": 3})
-    # A slow stand-in (one replica serves ~1 req/s of short requests) so that a load step this machine
-    # can generate needs several replicas; the emulated engine runs the same profile.
-    p = cat.profile(MODEL, "a10g").model_copy(update={
-        "startup_s": 5.0, "itl_alpha_s": 0.05, "itl_beta_s": 0.01, "source": "estimate: e2e stand-in"})
-    return cat.model_copy(update={"flavors": {"a10g": fl}, "models": {MODEL: m}, "profiles": {f"{MODEL}/a10g": p}})
+    return local_stand_in_catalog()
 
 
 @pytest.fixture(scope="session")
@@ -88,26 +78,13 @@ def serve_url(cluster: LocalCluster) -> str:
     """Serve with one app: ingress + the emulated Mistral-7B on a10g nodes (its replica waits for a gang)."""
     from ray import serve
 
-    from rayscale.engines.profile import EmulatedProfile
-    from rayscale.serve.app import build_from_config
-    from rayscale.serve.config import parse_app_args
+    from rayscale.serve.app import build_app
 
     port = free_port()
     serve.start(http_options={"host": NODE_IP, "port": port}, proxy_location="HeadOnly")
-    prof = EmulatedProfile.from_profile(local_catalog().profile(MODEL, "a10g"))
-    cfg = parse_app_args({
-        "app_name": APP,
-        "models": [{
-            "name": MODEL, "engine": "emulated", "max_model_len": 8192,
-            "flavors": [{
-                "flavor": "a10g", "accelerator": "gpu", "num_replicas": 1, "profile": prof.model_dump(),
-                # one replica per a10g node: the node's GPU and its flavor resource
-                "placement_bundles": [{"resources": {"GPU": 1, "accelerator_type:A10G": 1}}],
-            }],
-        }],
-    })
+    args = {**app_args(local_catalog()), "app_name": APP}
     # Serve's own wait is unbounded: start without waiting, then poll with a deadline.
-    serve.run_many([serve.RunTarget(target=build_from_config(cfg, app_name=APP), name=APP, route_prefix="/",
+    serve.run_many([serve.RunTarget(target=build_app(args), name=APP, route_prefix="/",
                                     external_scaler_enabled=True)],
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     url = f"http://{NODE_IP}:{port}"

@@ -1,0 +1,29 @@
+"""Run every benchmark and rewrite its results under bench/results/ (`make bench`; tens of minutes)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BENCHES = [
+    ["bench.planner", "--out", "bench/results/planner.md"],
+    ["bench.simulate_speed"],
+    ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
+    ["bench.serving_overhead", "--write"],
+    ["bench.controller_vs_serve", "--out", "bench/results/controller_vs_serve.md"],
+]
+
+
+def main() -> int:
+    failed = []
+    for b in BENCHES:
+        print(f"== {' '.join(b)}", flush=True)
+        if subprocess.run([sys.executable, "-m", *b], check=False).returncode != 0:
+            failed.append(b[0])
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

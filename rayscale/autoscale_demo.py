@@ -1,0 +1,201 @@
+"""The autoscaling part of the demo: the controller closes the loop on the local cluster during a burst.
+
+The emulated Mistral-7B (the shipped A10G profile, slowed so a replica serves about one request per
+second and a load this machine can generate needs several) runs on ``a10g`` stand-in nodes. The
+controller is the only writer of its replicas and nodes: it reads the engines' metrics from Ray,
+estimates and plans with the core, starts whole gangs through the local actuator and scales Serve
+through the external scaler API. Why emulated here: on two cores a second CPU vLLM replica adds no
+compute, so only a profile-driven engine shows capacity following load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits
+
+MODEL = "mistral-7b"
+FLAVOR = "a10g"
+APP = "autoscale"
+
+
+def local_stand_in_catalog(max_replicas: int = 3) -> Catalog:
+    """The shipped mistral-7b/a10g entry with local start-up times (seconds) and a slowed profile."""
+    from rayscale.config import load_catalog
+
+    cat = load_catalog().subset([MODEL], [FLAVOR])
+    fl = cat.flavors[FLAVOR].model_copy(update={
+        "node_startup_s": 5.0, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
+        "limits": FlavorLimits(nodes=max_replicas), "spot_max_share": 0.0})
+    m = cat.models[MODEL].model_copy(update={"min_replicas": 1, "max_replicas": max_replicas})
+    p = cat.profile(MODEL, FLAVOR).model_copy(update={
+        "startup_s": 5.0, "itl_alpha_s": 0.05, "itl_beta_s": 0.01,
+        "source": "estimate: local stand-in, A10G profile slowed so one replica serves ~1 req/s"})
+    return cat.model_copy(update={"flavors": {FLAVOR: fl}, "models": {MODEL: m},
+                                  "profiles": {f"{MODEL}/{FLAVOR}": p}})
+
+
+def app_args(cat: Catalog) -> dict[str, Any]:
+    from rayscale.engines.profile import EmulatedProfile
+
+    prof = EmulatedProfile.from_profile(cat.profile(MODEL, FLAVOR))
+    return {
+        "app_name": APP,
+        "models": [{
+            "name": MODEL, "engine": "emulated", "max_model_len": 8192,
+            "flavors": [{
+                "flavor": FLAVOR, "accelerator": "gpu", "num_replicas": 1, "profile": prof.model_dump(),
+                # one replica per a10g node: the node's GPU and its flavor resource
+                "placement_bundles": [{"resources": {"GPU": 1, "accelerator_type:A10G": 1}}],
+            }],
+        }],
+    }
+
+
+@dataclass
+class Row:
+    t: float
+    load_rps: float | None
+    waiting: float | None
+    ttft_p95_s: float | None
+    replicas: int
+    gangs_ready: int
+    gangs_pending: int
+    usd_per_h: float
+
+
+def row_of(rec: Any, t0: float) -> Row:
+    sig = rec.signals.get(MODEL, {})
+    phases = list(rec.gangs.values())
+    return Row(round(rec.t - t0, 1), sig.get("arrival_rate_rps"), sig.get("waiting"), sig.get("ttft_p95_s"),
+               sum(rec.serve.values()), phases.count("ready"), phases.count("pending"),
+               float(rec.plan.get("usd_per_h", 0.0)))
+
+
+def timeline_table(rows: list[Row], every_s: float = 10.0) -> str:
+    from rayscale.tables import format_table
+
+    picked: list[Row] = []
+    for r in rows:
+        if not picked or r.t - picked[-1].t >= every_s:
+            picked.append(r)
+
+    def f(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    return format_table(
+        ["t s", "load req/s", "queued", "TTFT p95 s", f"replicas ({FLAVOR})", "nodes ready", "nodes starting",
+         "$/h"],
+        [[f(r.t, ".0f"), f(r.load_rps, ".2f"), f(r.waiting, ".0f"), f(r.ttft_p95_s, ".2f"), r.replicas,
+          r.gangs_ready, r.gangs_pending, f"{r.usd_per_h:.2f}"] for r in picked],
+    )
+
+
+def plot(rows: list[Row], slo_ttft_s: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [r.t for r in rows]
+    fig, ax = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
+    ax[0].plot(t, [r.load_rps if r.load_rps is not None else float("nan") for r in rows], label="observed load")
+    ax[0].set_ylabel("req/s")
+    ax[1].step(t, [r.replicas for r in rows], where="post", label="Serve replicas")
+    ax[1].step(t, [r.gangs_ready for r in rows], where="post", label="nodes ready", linestyle="--")
+    ax[1].step(t, [r.gangs_ready + r.gangs_pending for r in rows], where="post", label="nodes incl. starting",
+               linestyle=":")
+    ax[1].set_ylabel(FLAVOR)
+    ax[2].plot(t, [r.ttft_p95_s if r.ttft_p95_s is not None else float("nan") for r in rows], label="TTFT p95")
+    ax[2].axhline(slo_ttft_s, color="red", linestyle="--", label="SLO")
+    ax[2].set_ylabel("s")
+    ax[3].step(t, [r.usd_per_h for r in rows], where="post", label="plan $/h")
+    ax[3].set_ylabel("$/h")
+    ax[3].set_xlabel("seconds since the controller started")
+    for a in ax:
+        a.legend(loc="upper right", fontsize=8)
+        a.grid(alpha=0.3)
+    fig.suptitle(f"rayscale on the local cluster: {MODEL} (emulated) on {FLAVOR} stand-in nodes")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def burst_trace(trace_path: Path, out: Callable[[str], None]) -> Any:
+    """Minutes 9-13 of the Azure code trace (quiet, a burst, quiet), thinned to what one machine sends."""
+    from rayscale.sim import trace as T
+
+    if trace_path.exists():
+        tr = T.load_trace(trace_path).window(540.0, 780.0).rate_scale(0.22, seed=0)
+    else:
+        out(f"    trace {trace_path} not found: using a generated burst instead")
+        tr = T.bursts(0.5, 2.7, every_s=240.0, burst_s=60.0, duration_s=240.0, first_at_s=30.0, seed=0)
+    return tr.clip_tokens(max_prompt=200, max_output=32)
+
+
+def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None], out_dir: Path,
+        progress: bool = True, drain_timeout_s: float = 120.0) -> int:
+    """Deploy, run the controller through the burst, wait for the drain, print and plot; 0 on success."""
+    from ray import serve
+
+    from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+    from rayscale.controller.act import GangPhase
+    from rayscale.controller.loop import Controller, ControllerConfig
+    from rayscale.controller.serve_client import ServeClient
+    from rayscale.core.plan import PlannerSettings
+    from rayscale.loadgen import LoadGenConfig, replay, wait_ready
+    from rayscale.serve.app import build_app
+    from rayscale.serve.weights import set_flavor_weights
+    from rayscale.signals.scrape import MetricsScraper
+
+    cat = local_stand_in_catalog()
+    serve.run_many([serve.RunTarget(target=build_app(app_args(cat)), name=APP, route_prefix=f"/{APP}",
+                                    external_scaler_enabled=True)],
+                   wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
+    actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=3.0, max_worker_nodes=4))
+    ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
+                     ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP,
+                                      decision_log=out_dir / "decisions.jsonl",
+                                      planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
+                     weights_sink=set_flavor_weights)
+    out(f"    watch it live: Ray dashboard {cluster.dashboard_url} (Serve tab: {MODEL}--{FLAVOR} replicas; "
+        f"Cluster tab: a10g nodes come and go); decisions: {out_dir / 'decisions.jsonl'}")
+    t0 = time.time()
+    ctl.start()
+    try:
+        url = f"{base_url}/{APP}"
+        wait_ready(url, MODEL, timeout_s=120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            s = ctl.serve.snapshot()
+            if s.running.get((MODEL, FLAVOR), 0) >= 1 and any(g.phase == GangPhase.READY for g in ctl.gangs()):
+                break
+            time.sleep(1.0)
+        tr = burst_trace(trace_path, out)
+        st = tr.stats()
+        out(f"    burst slice: {st.requests} requests over {st.duration_s:.0f} s ({st.rate_per_s:.2f} req/s mean)")
+        res = replay(tr, LoadGenConfig(base_url=url, model=MODEL, max_output_tokens=32, request_timeout_s=90,
+                                       progress=progress, seed=0))
+        # After the burst: wait until the controller drained back to its minimum.
+        end = time.monotonic() + drain_timeout_s
+        while time.monotonic() < end:
+            gangs = ctl.gangs()
+            if len(gangs) == 1 and ctl.serve.snapshot().running.get((MODEL, FLAVOR), 0) == 1:
+                break
+            time.sleep(2.0)
+    finally:
+        ctl.stop()
+        actuator.close()
+    rows = [row_of(r, t0) for r in ctl.records if r.plan]
+    out(timeline_table(rows))
+    out(res.summary.table(title=f"{MODEL} (emulated) through the burst, autoscaled by rayscale"))
+    png = out_dir / "demo-autoscale.png"
+    plot(rows, cat.models[MODEL].slo.ttft_p95_s, png)
+    peak = max((r.replicas for r in rows), default=0)
+    out(f"    peak {peak} replicas; plot: {png}")
+    return 0 if res.summary.errors == 0 and peak >= 2 else 1
