@@ -12,5 +12,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "simulate",
     "render",
+    "prices",
     "controller",
 )

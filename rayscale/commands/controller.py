@@ -1,4 +1,4 @@
-"""`rayscale controller`: the reconcile loop as a plain process, on the local cluster."""
+"""`rayscale controller`: the reconcile loop as a plain process, on the local cluster or on Kubernetes."""
 
 from __future__ import annotations
 
@@ -10,31 +10,40 @@ from rayscale.commands.plan import add_catalog_args
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("controller", help="run the reconcile loop (local cluster actuator)",
+    p = sub.add_parser("controller", help="run the reconcile loop (local cluster or Kubernetes)",
                        description="Observe, estimate, plan and act every period; one JSON decision record "
                                    "per period.")
     add_catalog_args(p)
-    p.add_argument("--root", default=None, help="local cluster root dir (default: the one `rayscale up` made)")
+    p.add_argument("--actuator", choices=["local", "kube"], default="local",
+                   help="local: Ray nodes on this machine (`rayscale local up`); kube: Karpenter + KubeRay")
+    p.add_argument("--root", default=None, help="local: cluster root dir (default: the one `local up` made)")
+    p.add_argument("--launch-delay", type=float, default=5.0, help="local: seconds a node takes to 'launch'")
+    p.add_argument("--max-nodes", type=int, default=3, help="local: worker nodes this machine may run")
+    p.add_argument("--namespace", default="rayscale", help="kube: namespace of the RayCluster")
+    p.add_argument("--raycluster", default="rayscale", help="kube: the RayCluster whose worker groups rayscale owns")
+    p.add_argument("--dashboard", default=None, help="kube: Ray dashboard URL (Serve API)")
+    p.add_argument("--ray-address", default=None,
+                   help="kube: Ray GCS address for metrics discovery (default: the dashboard host, port 6379)")
+    p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
     p.add_argument("--period", type=float, default=5.0, help="seconds between reconciles (default 5)")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--launch-delay", type=float, default=5.0, help="seconds a local node takes to 'launch'")
-    p.add_argument("--max-nodes", type=int, default=3, help="worker nodes this machine may run")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
+    from urllib.parse import urlparse
 
     import ray
 
-    from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster
-    from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+    from rayscale.cluster.actuator import Actuator
     from rayscale.config import load_catalog
     from rayscale.controller.loop import Controller, ControllerConfig
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
+    from rayscale.serve.weights import set_flavor_weights
     from rayscale.signals.scrape import MetricsScraper
 
     try:
@@ -44,15 +53,39 @@ def run(args: argparse.Namespace) -> int:
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cluster = LocalCluster.attach(args.root or DEFAULT_ROOT)
-    ray.init(address=cluster.address, logging_level=logging.ERROR)
-    actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
-                                                           max_worker_nodes=args.max_nodes))
-    if not cluster.dashboard_url:
-        print("error: the local cluster runs without a dashboard; start it with the dashboard on", file=sys.stderr)
-        return 2
-    ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
-                     ControllerConfig(period_s=args.period, decision_log=Path(args.decision_log)))
+    actuator: Actuator
+    if args.actuator == "local":
+        from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster
+        from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+
+        cluster = LocalCluster.attach(args.root or DEFAULT_ROOT)
+        if not cluster.dashboard_url:
+            print("error: the local cluster runs without a dashboard (needed for Serve's API)", file=sys.stderr)
+            return 2
+        dashboard, address = cluster.dashboard_url, cluster.address
+        actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
+                                                              max_worker_nodes=args.max_nodes))
+    else:
+        from kubernetes import client, config
+
+        from rayscale.cluster.kube.actuator import KubeActuator, KubeActuatorConfig
+
+        if not args.dashboard:
+            print("error: --dashboard is required with --actuator kube", file=sys.stderr)
+            return 2
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        dashboard = args.dashboard
+        address = args.ray_address or f"{urlparse(dashboard).hostname}:6379"
+        actuator = KubeActuator(cat, client.ApiClient(),
+                                KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster))
+    ray.init(address=address, logging_level=logging.ERROR)
+    ctl = Controller(cat, actuator, ServeClient(dashboard), MetricsScraper(),
+                     ControllerConfig(period_s=args.period, app_name=args.app,
+                                      decision_log=Path(args.decision_log)),
+                     weights_sink=set_flavor_weights)
     ctl.on_record(lambda r: print(f"[{r.t:.0f}] ${r.plan.get('usd_per_h', 0):.2f}/h actions="
                                   f"{[a['type'] + ':' + str(a.get('name') or a.get('replicas')) for a in r.actions]}"
                                   f"{' errors=' + str(r.errors) if r.errors else ''}", flush=True))

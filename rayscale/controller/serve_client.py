@@ -33,7 +33,7 @@ def split_deployment(name: str) -> tuple[str, str] | None:
 class ServeSnapshot:
     target: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, flavor) -> target replicas
     running: dict[tuple[str, str], int] = field(default_factory=dict)  # replicas alive, stopping ones too
-    per_node: dict[str, int] = field(default_factory=dict)  # Ray node id -> replicas of flavor deployments
+    per_node: dict[str, int] = field(default_factory=dict)  # Ray node id, and "ip:<node ip>" -> replicas
     app_of: dict[tuple[str, str], str] = field(default_factory=dict)
     ok: bool = True
     error: str = ""
@@ -86,4 +86,7 @@ def parse_details(details: dict[str, Any]) -> ServeSnapshot:
                 running[mf] += 1
                 if rep.get("node_id"):
                     per_node[rep["node_id"]] += 1
+                # On Kubernetes a Ray node is a pod: actuators that know pods, not Ray ids, join by IP.
+                if rep.get("node_ip"):
+                    per_node[f"ip:{rep['node_ip']}"] += 1
     return ServeSnapshot(target, dict(running), dict(per_node), app_of)

@@ -96,7 +96,9 @@ def test_gang_up_is_whole_and_workers_come_only_after_every_member_is_initialize
     w.karpenter.config.held.clear()
     (g,) = w.until(ready(create.name), what="gang ready")
     nodes = sorted(c["status"]["nodeName"] for c in w.claims(create.name))
-    assert sorted(g.node_ids) == nodes
+    assert sorted(n for n in g.node_ids if not n.startswith("ip:")) == nodes
+    # and the worker pods' IPs, which is how Serve's replica placement joins to gangs
+    assert len([n for n in g.node_ids if n.startswith("ip:")]) == len(nodes)
     assert w.group(GROUP)["replicas"] == 2
     assert sorted(p["spec"]["nodeName"] for p in w.workers()) == nodes  # one worker pod per gang node
     for n in nodes:  # the ownership labels reached the Nodes through the NodeClaims
@@ -155,7 +157,7 @@ def test_scale_down_names_exactly_the_gangs_pods_and_deletes_claims_only_after_t
     assert g["replicas"] == 2 and sorted(g["scaleStrategy"]["workersToDelete"]) == drop_pods
     assert all(not c["metadata"].get("deletionTimestamp") for c in w.claims(drop.name))  # pods still there
     assert w.api.requests_for("delete", "nodeclaims") == []
-    for n in drop.node_ids:
+    for n in (x for x in drop.node_ids if not x.startswith("ip:")):
         assert "rayscale.io/ray-worker" not in w.api.store.get("nodes", n)["metadata"]["labels"]
     w.kuberay.step()  # KubeRay deletes the named pods
     n_updates = len(w.api.requests_for("update", "rayclusters"))

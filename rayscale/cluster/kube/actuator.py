@@ -488,7 +488,13 @@ class KubeActuator:
             running = {(p.get("spec") or {}).get("nodeName") for p in pods
                        if _labels(p).get("ray.io/group") == v.group and _running(p)}
             if len(admitted) == v.size and all(n in running for n in admitted):
-                phase, node_ids = GangPhase.READY, tuple(admitted)
+                # Node names, plus the worker pods' IPs: Serve reports a replica's Ray node by its IP,
+                # which on Kubernetes is the pod's, so the controller can tell which gang serves.
+                ips = sorted(f"ip:{(p.get('status') or {}).get('podIP')}" for p in pods
+                             if _labels(p).get("ray.io/group") == v.group and _running(p)
+                             and (p.get("spec") or {}).get("nodeName") in admitted
+                             and (p.get("status") or {}).get("podIP"))
+                phase, node_ids = GangPhase.READY, (*admitted, *ips)
             elif admitted:
                 reason = "waiting for Ray worker pods on its nodes"
             else:
