@@ -29,7 +29,8 @@ def local_stand_in_catalog(max_replicas: int = 3) -> Catalog:
 
     cat = load_catalog().subset([MODEL], [FLAVOR])
     fl = cat.flavors[FLAVOR].model_copy(update={
-        "node_startup_s": 5.0, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
+        # a local `ray start` node takes 5-20 s on two busy cores; the launch timeout is 3x this
+        "node_startup_s": 20.0, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
         "limits": FlavorLimits(nodes=max_replicas), "spot_max_share": 0.0})
     m = cat.models[MODEL].model_copy(update={"min_replicas": 1, "max_replicas": max_replicas})
     p = cat.profile(MODEL, FLAVOR).model_copy(update={
@@ -72,7 +73,7 @@ def row_of(rec: Any, t0: float) -> Row:
     sig = rec.signals.get(MODEL, {})
     phases = list(rec.gangs.values())
     return Row(round(rec.t - t0, 1), sig.get("arrival_rate_rps"), sig.get("waiting"), sig.get("ttft_p95_s"),
-               sum(rec.serve.values()), phases.count("ready"), phases.count("pending"),
+               rec.serve.get(f"{MODEL}--{FLAVOR}", 0), phases.count("ready"), phases.count("pending"),
                float(rec.plan.get("usd_per_h", 0.0)))
 
 
@@ -144,7 +145,7 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     from ray import serve
 
     from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-    from rayscale.controller.act import GangPhase
+    from rayscale.controller.act import ActSettings, GangPhase
     from rayscale.controller.loop import Controller, ControllerConfig
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.plan import PlannerSettings
@@ -154,6 +155,7 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     from rayscale.signals.scrape import MetricsScraper
 
     cat = local_stand_in_catalog()
+    out_dir.mkdir(parents=True, exist_ok=True)
     serve.run_many([serve.RunTarget(target=build_app(app_args(cat)), name=APP, route_prefix=f"/{APP}",
                                     external_scaler_enabled=True)],
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
@@ -161,8 +163,12 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
                      ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP,
                                       decision_log=out_dir / "decisions.jsonl",
+                                      act=ActSettings(backoff_s=30.0),
                                       planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
                      weights_sink=set_flavor_weights)
+    from rayscale.controller.metrics import ControllerMetrics
+
+    ctl.on_record(ControllerMetrics(cat).update)  # ray_rayscale_* in the Ray dashboard's metrics
     out(f"    watch it live: Ray dashboard {cluster.dashboard_url} (Serve tab: {MODEL}--{FLAVOR} replicas; "
         f"Cluster tab: a10g nodes come and go); decisions: {out_dir / 'decisions.jsonl'}")
     t0 = time.time()

@@ -65,7 +65,8 @@ class LocalActuator:
     # --- Actuator ---------------------------------------------------------------------------------
     def gangs(self, now: float) -> list[Gang]:
         members: dict[str, list[LocalNode]] = defaultdict(list)
-        for n in self.cluster.nodes():
+        # Dead members too: a gang with a node that died is FAILED (deleted whole), never silently smaller.
+        for n in self.cluster.nodes(include_dead=True):
             if n.labels.get(LABEL_OWNER) == OWNER and LABEL_GANG in n.labels:
                 members[n.labels[LABEL_GANG]].append(n)
         out: list[Gang] = []
@@ -81,8 +82,11 @@ class LocalActuator:
             launch = launching.get(name)
             phase = GangPhase.READY if len(up) == size else GangPhase.PENDING
             reason = ""
+            dead = [n for n in nodes if not n.alive]
             if launch and launch.error:
                 phase, reason = GangPhase.FAILED, launch.error
+            elif dead:
+                phase, reason = GangPhase.FAILED, f"node {dead[0].id} exited (log {dead[0].log})"
             out.append(Gang(name, lb.get(LABEL_MODEL, ""), nodes[0].flavor, lb.get(LABEL_CAPACITY, "on-demand"),
                             lb.get(LABEL_ZONE, "local"), "local-" + nodes[0].flavor, size, phase,
                             float(lb.get(LABEL_CREATED, now)), reason=reason,
@@ -100,8 +104,9 @@ class LocalActuator:
 
     def create_gang(self, action: CreateGang, now: float) -> None:
         with self._lock:
-            if action.name in self._launching and not self._launching[action.name].error:
-                return
+            prev = self._launching.get(action.name)
+            if prev is not None and not prev.error and not prev.done:
+                return  # still launching
             self._launching[action.name] = launch = _Launch(action, now)
             self._deleting.discard(action.name)
         if any(n.labels.get(LABEL_GANG) == action.name for n in self.cluster.nodes()):

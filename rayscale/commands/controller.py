@@ -28,6 +28,8 @@ def register(sub: Any) -> None:
     p.add_argument("--period", type=float, default=5.0, help="seconds between reconciles (default 5)")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--metrics-port", type=int, default=9108, help="Prometheus endpoint of the controller's own "
+                   "metrics (also exported through Ray as ray_rayscale_*); -1 disables it")
     p.set_defaults(handler=run)
 
 
@@ -86,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
                      ControllerConfig(period_s=args.period, app_name=args.app,
                                       decision_log=Path(args.decision_log)),
                      weights_sink=set_flavor_weights)
+    from rayscale.controller.metrics import ControllerMetrics
+
+    metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0")
+    ctl.on_record(metrics.update)
     ctl.on_record(lambda r: print(f"[{r.t:.0f}] ${r.plan.get('usd_per_h', 0):.2f}/h actions="
                                   f"{[a['type'] + ':' + str(a.get('name') or a.get('replicas')) for a in r.actions]}"
                                   f"{' errors=' + str(r.errors) if r.errors else ''}", flush=True))

@@ -159,7 +159,9 @@ def decide(
     flavors_of: dict[tuple[str, str], list[Key]] = defaultdict(list)
     for key in set(target) | set(by_key):
         flavors_of[(key[0], key[1])].append(key)
-    for mf in sorted(set(flavors_of) | set(serve_target)):
+    # Only deployments of models and flavors this controller owns: other apps' replicas are not ours.
+    owned = {mf for mf in serve_target if mf[0] in catalog.models and mf[1] in catalog.models[mf[0]].parallelism}
+    for mf in sorted(set(flavors_of) | owned):
         keys = flavors_of.get(mf, [])
         want = sum(target.get(k, 0) for k in keys)
         ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)

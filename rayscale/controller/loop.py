@@ -61,9 +61,20 @@ class DecisionRecord:
     durations_ms: dict[str, float]
     gangs: dict[str, str]  # name -> phase
     serve: dict[str, int]  # "model--flavor" -> target replicas
+    # flavor -> {"pending"/"ready"/"failed": gangs, "nodes": nodes in ready gangs}
+    by_flavor: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=str, sort_keys=True)
+
+
+def _by_flavor(gangs: list[Gang]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"pending": 0, "ready": 0, "failed": 0, "nodes": 0})
+    for g in gangs:
+        out[g.flavor][g.phase.value] += 1
+        if g.phase == GangPhase.READY:
+            out[g.flavor]["nodes"] += g.nodes
+    return dict(out)
 
 
 def _sig_summary(s: ModelSignals) -> dict[str, Any]:
@@ -95,6 +106,8 @@ class Controller:
         self.records: list[DecisionRecord] = []
         self._stop = threading.Event()
         self._listeners: list[Callable[[DecisionRecord], None]] = []
+        if self.config.decision_log:
+            Path(self.config.decision_log).parent.mkdir(parents=True, exist_ok=True)
         # Routing weights per model over its flavors (the ingress spreads requests by them).
         self.weights_sink = weights_sink
         self._weights: dict[str, dict[str, float]] = {}
@@ -168,6 +181,7 @@ class Controller:
             durations_ms={k: round(v, 2) for k, v in dur.items()},
             gangs={g.name: g.phase.value for g in gangs},
             serve={f"{m}--{f}": n for (m, f), n in sorted(serve.target.items())},
+            by_flavor=_by_flavor(gangs),
         )
         self.records.append(rec)
         if cfg.decision_log:

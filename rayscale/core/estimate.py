@@ -77,6 +77,10 @@ def replica_capacity(profile: Profile, slo: SLO, mix: RequestMix, corr: Correcti
     # Largest batch meeting TPOT: corr*(alpha + b*(beta + P/(R*O))) <= slo.
     per_seq = profile.itl_beta_s + p / (r * o)
     b_slo = math.floor((slo.tpot_p95_s / corr.tpot - profile.itl_alpha_s) / per_seq) if per_seq > 0 else 10**9
+    if b_slo < 1 and per_seq > 0 and (slo.tpot_p95_s - profile.itl_alpha_s) / per_seq >= 1:
+        # The profile meets the SLO; only the correction says it does not. Keep one sequence's worth of
+        # capacity so that a pessimistic correction makes the planner scale out, never give up.
+        b_slo = 1
     b_kv = math.floor(profile.kv_tokens / max(p + o, 1.0))
     b = min(b_slo, b_kv, profile.max_num_seqs)
     if b < 1:
@@ -122,6 +126,8 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     per_seq = beta + p / (r * o)
     with np.errstate(divide="ignore", invalid="ignore"):
         b_slo = np.where(per_seq > 0, np.floor((tpot_slo / c_tpot - alpha) / per_seq), 1e9)
+        b_unc = np.where(per_seq > 0, (tpot_slo - alpha) / per_seq, 1e9)
+    b_slo = np.where((b_slo < 1) & (per_seq > 0) & (b_unc >= 1), 1.0, b_slo)
     b_kv = np.floor(kv / np.maximum(p + o, 1.0))
     b = np.minimum(np.minimum(b_slo, b_kv), max_seqs)
     ok = (ttft_floor <= ttft_slo) & (b >= 1)
@@ -218,7 +224,13 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
                 continue
             prof = catalog.profile(name, flavor)
             mix = replace(sig.mix, prompt_mean=obs.prompt_mean or sig.mix.prompt_mean)
+            # Compare with the batch the window ran at, not the gauge's instant value: by Little's law
+            # the mean running sequences per replica are arrivals x output tokens x time per token.
             batch = obs.running_per_replica if obs.running_per_replica is not None else 1.0
+            if obs.tpot_p95_s is not None and sig.arrival_rate_rps is not None:
+                share = obs.replicas / max(sum(o.replicas for o in sig.per_flavor.values()), 1)
+                little = sig.arrival_rate_rps * share / obs.replicas * mix.output_mean * obs.tpot_p95_s
+                batch = max(batch, little)
             old = previous.get((name, flavor), Correction())
             out[(name, flavor)] = old.updated(
                 obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95),

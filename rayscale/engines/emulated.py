@@ -139,6 +139,10 @@ class EmulatedEngine:
     def _publish(self) -> None:
         self.metrics.set_queue(len(self._waiting), self._running, self.kv_usage)
 
+    def report(self) -> None:
+        """Publish the queue gauges now (a heartbeat while idle)."""
+        self._publish()
+
     def _admit(self) -> None:
         p = self.profile
         while self._waiting:

@@ -58,7 +58,9 @@ class EmulatedLLMServer:
         )
 
     async def check_health(self) -> None:
-        return None
+        # Serve calls this every health_check_period_s: re-report the gauges so an idle replica's series
+        # stay alive in Ray's exporter, and idle (zero load) never looks like missing metrics.
+        self.engine.report()
 
     async def stats(self) -> dict[str, float]:
         e = self.engine

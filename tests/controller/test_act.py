@@ -73,3 +73,10 @@ def test_make_before_break_when_moving_flavor() -> None:
     assert SetReplicas("qwen2-72b", "l40s", 1, "1 gang(s) ready for 1 planned") in acts
     assert SetReplicas("qwen2-72b", "a10g", 0, "drain to 0: plan wants 0") in acts
     assert not [a for a in acts if isinstance(a, DeleteGang)]  # the old gang still serves until drained
+
+
+def test_deployments_of_other_models_are_left_alone() -> None:
+    # Serve also runs the tiny model (another app): the controller owns only its catalog's deployments.
+    acts = decide(CAT.subset(["qwen2-72b"], ["a10g"]), {K: 0}, [], {("tiny-qwen2", "cpu"): 1,
+                                                                   ("qwen2-72b", "l40s"): 1}, {}, {}, now=0.0)
+    assert acts == []

@@ -79,7 +79,7 @@ def test_correction_tracks_observed_over_predicted_and_is_clamped() -> None:
     cat = load_catalog()
     prof = cat.profile("mistral-7b", "a10g")
     pred = tpot_at(prof, 10, MIX)
-    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 4.0, MIX,
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.1, MIX,
                        per_flavor={"a10g": FlavorObservation(replicas=2, running_per_replica=10,
                                                             tpot_p95_s=2 * pred)})
     c = update_corrections(cat, {"mistral-7b": sig}, {})
@@ -87,10 +87,35 @@ def test_correction_tracks_observed_over_predicted_and_is_clamped() -> None:
     for _ in range(50):
         c = update_corrections(cat, {"mistral-7b": sig}, c)
     assert c[("mistral-7b", "a10g")].tpot == pytest.approx(2.0, rel=1e-3)
-    wild = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 4.0, MIX,
+    wild = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.1, MIX,
                         per_flavor={"a10g": FlavorObservation(replicas=2, running_per_replica=10,
                                                              tpot_p95_s=100 * pred)})
     c = {}
     for _ in range(50):
         c = update_corrections(cat, {"mistral-7b": wild}, c)
     assert c[("mistral-7b", "a10g")].tpot <= 3.0
+
+
+def test_batch_for_the_correction_follows_littles_law_not_the_instant_gauge() -> None:
+    """A gauge read between bursts says 0 running; the window ran ~40: compare with the window's batch."""
+    cat = load_catalog()
+    prof = cat.profile("mistral-7b", "a10g")
+    busy = 40.0
+    obs_tpot = tpot_at(prof, busy, MIX)  # exactly what the profile predicts at that batch
+    rate = busy / (MIX.output_mean * obs_tpot)  # arrivals that keep 40 sequences running on one replica
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, rate, MIX,
+                       per_flavor={"a10g": FlavorObservation(replicas=1, running_per_replica=0.0,
+                                                            tpot_p95_s=obs_tpot)})
+    c = update_corrections(cat, {"mistral-7b": sig}, {})
+    assert c[("mistral-7b", "a10g")].tpot == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_pessimistic_correction_never_zeroes_a_feasible_flavor() -> None:
+    slo = SLO(ttft_p95_s=2, tpot_p95_s=0.1)
+    assert replica_capacity(PROF, slo, MIX).feasible
+    c = replica_capacity(PROF, slo, MIX, Correction(tpot=4.0))  # 4 x 30 ms alpha alone exceeds 100 ms
+    assert c.feasible and c.batch == 1
+    from rayscale.core.estimate import replica_capacities
+
+    [v] = replica_capacities([PROF], [slo], [MIX], [Correction(tpot=4.0)])
+    assert v == c

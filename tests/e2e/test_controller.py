@@ -20,8 +20,9 @@ import yaml
 from rayscale.cluster.actuator import LABEL_GANG
 from rayscale.cluster.local import LocalCluster
 from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-from rayscale.controller.act import GangPhase
+from rayscale.controller.act import ActSettings, GangPhase
 from rayscale.controller.loop import Controller, ControllerConfig
+from rayscale.controller.metrics import ControllerMetrics
 from rayscale.controller.serve_client import ServeClient
 from rayscale.core.plan import PlannerSettings
 from rayscale.loadgen import LoadGenConfig, replay
@@ -62,8 +63,11 @@ def ctl(cluster: LocalCluster, serve_url: str, tmp_path_factory: pytest.TempPath
     scraper = MetricsScraper(ray_metrics_endpoints)
     c = Controller(local_catalog(), act, ServeClient(cluster.dashboard_url), scraper,
                    ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP, decision_log=log,
+                                    act=ActSettings(backoff_s=30.0),
                                     planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
                    weights_sink=set_flavor_weights)
+    c.metrics = ControllerMetrics(c.catalog, port=0)  # type: ignore[attr-defined]
+    c.on_record(c.metrics.update)  # type: ignore[attr-defined]
     c.start()
     yield c
     c.stop()
@@ -96,6 +100,18 @@ def test_load_step_adds_nodes_and_serves_through_them(ctl: Controller, serve_url
     wait_for(lambda: any(ctl.serve.snapshot().per_node.get(n, 0) for n in new_nodes), 60, "a replica on the new node")
     res = bg.join(180)
     assert res.summary.errors == 0, res.summary.table()
+    # The controller's own metrics: its Prometheus endpoint and, through Ray, the dashboard's.
+    import httpx
+
+    port = ctl.metrics.port  # type: ignore[attr-defined]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert 'rayscale_desired_replicas{flavor="a10g",model="mistral-7b"}' in text
+    assert "rayscale_decision_latency_seconds_count" in text
+
+    def via_ray() -> bool:
+        return any("ray_rayscale_desired_replicas" in httpx.get(u, timeout=5).text for u in ray_metrics_endpoints())
+
+    wait_for(via_ray, 30, "ray_rayscale_desired_replicas on a Ray metrics endpoint")
     ups = [a for rec in ctl.records for a in rec.actions if a["type"] == "CreateGang"]
     assert ups and all("plan wants" in a["reason"] for a in ups)
     assert any("scale up" in e["reason"] for rec in ctl.records for e in rec.plan.get("entries", []))
