@@ -140,7 +140,7 @@ def burst_trace(trace_path: Path, out: Callable[[str], None]) -> Any:
 
 
 def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None], out_dir: Path,
-        progress: bool = True, drain_timeout_s: float = 120.0) -> int:
+        progress: bool = True, drain_timeout_s: float = 150.0) -> int:
     """Deploy, run the controller through the burst, wait for the drain, print and plot; 0 on success."""
     from ray import serve
 
@@ -161,10 +161,12 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=3.0, max_worker_nodes=4))
     ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
-                     ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP,
+                     # Seconds instead of minutes (local nodes start in seconds), but a 30 s scale-down delay
+                     # so the on/off gaps inside the trace's burst do not churn nodes.
+                     ControllerConfig(period_s=2.0, window_s=20.0, stale_after_s=8.0, app_name=APP,
                                       decision_log=out_dir / "decisions.jsonl",
                                       act=ActSettings(backoff_s=30.0),
-                                      planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
+                                      planner=PlannerSettings(downscale_delay_s=30.0, min_dwell_s=10.0)),
                      weights_sink=set_flavor_weights)
     from rayscale.controller.metrics import ControllerMetrics
 
