@@ -28,6 +28,9 @@ def register(sub: Any) -> None:
     p.add_argument("--period", type=float, default=5.0, help="seconds between reconciles (default 5)")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--detached", action="store_true",
+                   help="local: run as a detached Ray actor on the head node (Ray restarts it if it dies)")
+    p.add_argument("--stop", action="store_true", help="stop the detached controller actor")
     p.add_argument("--metrics-port", type=int, default=9108, help="Prometheus endpoint of the controller's own "
                    "metrics (also exported through Ray as ray_rayscale_*); -1 disables it")
     p.set_defaults(handler=run)
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.detached or args.stop:
+        return _detached(args)
     actuator: Actuator
     if args.actuator == "local":
         from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster
@@ -101,4 +106,36 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         actuator.close()
+    return 0
+
+
+def _detached(args: argparse.Namespace) -> int:
+    import logging
+
+    import ray
+
+    from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster
+    from rayscale.controller.actor import ControllerSpec, get_detached, start_detached
+
+    if args.actuator != "local":
+        print("error: --detached runs the local actuator; on Kubernetes use the rendered Deployment", file=sys.stderr)
+        return 2
+    root = str(args.root or DEFAULT_ROOT)
+    ray.init(address=LocalCluster.attach(root).address, logging_level=logging.ERROR, namespace="rayscale")
+    if args.stop:
+        try:
+            actor = get_detached()
+        except ValueError:
+            print("no detached controller runs")
+            return 0
+        ray.get(actor.stop.remote(), timeout=60)
+        ray.kill(actor, no_restart=True)
+        print("detached controller stopped")
+        return 0
+    actor = start_detached(ControllerSpec(
+        root=root, models=args.models, flavors=args.flavors, profiles=args.profiles,
+        only_models=args.only_models, only_flavors=args.only_flavors, app=args.app, period_s=args.period,
+        launch_delay_s=args.launch_delay, max_nodes=args.max_nodes, decision_log=args.decision_log))
+    st = ray.get(actor.status.remote(), timeout=120)
+    print(f"detached controller running on the head node ({st}); stop it with `rayscale controller --stop`")
     return 0

@@ -3,6 +3,7 @@ are gone, drain without dropping a request, and survive a kill -9 mid scale-up."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -184,3 +185,43 @@ def test_kill_mid_scale_up_and_restart(ctl: Controller, cluster: LocalCluster, t
     finally:
         p2.send_signal(signal.SIGTERM)
         p2.wait(30)
+
+
+def test_detached_actor_on_the_head_survives_a_crash(cluster: LocalCluster) -> None:
+    """`rayscale controller --detached`: Ray restarts the actor after it dies; it converges again from the world."""
+    import ray
+
+    from rayscale.controller.actor import ControllerSpec, start_detached
+
+    cat = local_catalog()
+    spec_dir = Path(cluster.root) / "spec"
+    spec_dir.mkdir(exist_ok=True)
+    m = cat.models[MODEL].model_copy(update={"min_replicas": 2})
+    for k, v in {
+        "models": {"models": [json.loads(m.model_dump_json())]},
+        "flavors": {"flavors": [json.loads(f.model_dump_json()) for f in cat.flavors.values()]},
+        "profiles": {"profiles": [json.loads(p.model_dump_json()) for p in cat.profiles.values()]},
+    }.items():
+        (spec_dir / f"{k}.yaml").write_text(yaml.safe_dump(v))
+    actor = start_detached(ControllerSpec(root=str(cluster.root), models=str(spec_dir / "models.yaml"),
+                                          flavors=str(spec_dir / "flavors.yaml"),
+                                          profiles=str(spec_dir / "profiles.yaml"), app=APP, period_s=1.0,
+                                          launch_delay_s=1.0))
+    try:
+        wait_for(lambda: ray.get(actor.status.remote(), timeout=30)["reconciles"] >= 3, 120, "the actor reconciling")
+        pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+        os.kill(pid, signal.SIGKILL)  # the controller process dies
+        wait_for(lambda: ray.get(actor.status.remote(), timeout=30)["reconciles"] >= 2, 120, "Ray to restart it")
+        assert ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=30) != pid
+
+        def two_ready() -> bool:
+            gangs = ray.get(actor.status.remote(), timeout=30)["gangs"]
+            return sorted(gangs) == ["mistral-7b-a10g-od-0", "mistral-7b-a10g-od-1"] and set(gangs.values()) == {"ready"}
+
+        wait_for(two_ready, 120, "two ready gangs under the restarted actor")
+        owned = [n for n in cluster.nodes() if not n.is_head]
+        assert len(owned) == 2
+    finally:
+        with contextlib.suppress(Exception):
+            ray.get(actor.stop.remote(), timeout=60)
+        ray.kill(actor, no_restart=True)
