@@ -1,8 +1,9 @@
 """Serve deployment class for the emulated engine, with the call interface of Ray Serve LLM's LLMServer.
 
 The ingress calls ``chat`` / ``completions`` on either server the same way. Responses here are plain
-OpenAI JSON (dicts, and SSE strings when streaming), so an emulated replica never imports vLLM or
-torch and starts in well under a second.
+OpenAI JSON (dicts, and SSE strings when streaming). The requests it receives are Ray Serve LLM's request
+models, whose module imports vLLM and torch: the replica imports it while starting (not on its first
+request), so it is RUNNING only once it can answer at full speed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class EmulatedLLMServer:
         stream_interval_s: float = 0.0,
     ) -> None:
         from rayscale.serve.metrics import EmulatedEngineMetrics, serve_identity
+
+        # The ingress hands requests over as Ray Serve LLM's request models, whose unpickling imports
+        # vLLM and torch (10-20 s on two cores). Do it now, before Serve marks the replica RUNNING, so
+        # the first requests of a new replica do not stall (and its metrics do not go quiet) mid scale-up.
+        import ray.llm._internal.serve.core.configs.openai_api_models  # noqa: F401
 
         # Says which flavor deployment answered (responses carry it as system_fingerprint).
         self.fingerprint = f"rayscale-emulated:{serve_identity()['deployment'] or model_name}"

@@ -119,13 +119,18 @@ def test_load_step_adds_nodes_and_serves_through_them(ctl: Controller, serve_url
 
 
 def test_metrics_down_holds_capacity_then_drains_without_dropping(ctl: Controller, serve_url: str) -> None:
-    wait_for(lambda: _serve(ctl)[0] >= 2, 60, "replicas from the load step")
+    # Load keeps demand up; then the metrics source goes away while the load ends: the controller is
+    # blind to the drop and must hold what runs (a zero-load reading would scale down).
+    bg0 = Background(lambda: _load(serve_url, 3.0, 25.0, seed=4))
+    wait_for(lambda: _serve(ctl)[0] >= 2, 90, "replicas for the load")
+    time.sleep(8.0)
     n_before = _serve(ctl)[0]
     good = ctl.scraper.endpoints
     ctl.scraper.endpoints = lambda: ["http://127.0.0.2:9/metrics"]  # the metrics source goes away
     t0 = time.time()
-    time.sleep(30.0)  # > stale_after_s + downscale_delay_s + dwell: a zero-load reading would scale down
-    held = [r for r in ctl.records if r.t >= t0 + 10]
+    bg0.join(120)
+    time.sleep(max(0.0, 30.0 - (time.time() - t0)))  # > stale_after_s + downscale_delay_s + dwell
+    held = [r for r in ctl.records if r.t >= t0 + ctl.config.period_s]
     assert held and _serve(ctl)[0] == n_before
     assert all(not [a for a in r.actions if a["type"] in ("DeleteGang", "SetReplicas")] for r in held)
     assert any("stale" in json.dumps(r.plan) for r in held), "decision records must say why capacity is held"
