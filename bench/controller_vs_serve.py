@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rayscale.testing.waits import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 NODE_IP = "127.0.0.2"
 MODEL, FLAVOR = "mistral-7b", "a10g"
@@ -61,20 +63,6 @@ RUN_TIMEOUT_S = 600
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def wait_for(pred: Any, timeout_s: float, what: str, interval_s: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-            if v:
-                return v
-        except Exception as e:
-            last = e
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}" + (f": {last!r}" if last else ""))
 
 
 def free_port() -> int:

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from rayscale.testing.waits import wait_for  # noqa: F401  (re-exported to tests)
+
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback.
 
 
@@ -29,25 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def wait_for(
-    predicate: Callable[[], Any], timeout_s: float, interval_s: float = 0.5, what: str = "condition"
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    last_exc: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-            if value:
-                return value
-        except Exception as e:  # the thing may not exist yet; remember why, keep polling
-            last_exc = e
-        time.sleep(interval_s)
-    raise TimeoutError(
-        f"timed out after {timeout_s}s waiting for {what}" + (f": {last_exc!r}" if last_exc else "")
-    )
 
 
 @pytest.fixture(scope="session")

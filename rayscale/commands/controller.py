@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from rayscale.commands.plan import add_catalog_args
+from rayscale.commands.plan import add_catalog_args, catalog_from_args
 
 
 def register(sub: Any) -> None:
@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from rayscale.cluster.actuator import Actuator
-    from rayscale.config import load_catalog
     from rayscale.controller.loop import Controller, ControllerConfig
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
@@ -52,9 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from rayscale.signals.scrape import MetricsScraper
 
     try:
-        cat = load_catalog(args.models, args.flavors, args.profiles)
-        if args.only_models or args.only_flavors:
-            cat = cat.subset(args.only_models, args.only_flavors)
+        cat = catalog_from_args(args)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

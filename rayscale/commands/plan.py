@@ -16,6 +16,16 @@ def add_catalog_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flavor", dest="only_flavors", action="append", help="restrict to this flavor (repeatable)")
 
 
+def catalog_from_args(args: argparse.Namespace) -> Any:
+    """The catalog the catalog flags name, restricted by --model/--flavor; raises CatalogError."""
+    from rayscale.config import load_catalog
+
+    cat = load_catalog(args.models, args.flavors, args.profiles)
+    if args.only_models or args.only_flavors:
+        cat = cat.subset(args.only_models, args.only_flavors)
+    return cat
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="print the plan for a load snapshot (LOAD.yaml)",
                        description="Estimate demand and plan replicas per (model, flavor) for a load snapshot.")
@@ -34,13 +44,12 @@ def run(args: argparse.Namespace) -> int:
     from rayscale.tables import format_table
 
     try:
-        cat = load_catalog(args.models, args.flavors, args.profiles)
+        full = load_catalog(args.models, args.flavors, args.profiles)
         load = load_loadfile(args.load)
-        unknown = sorted(set(load.models) - set(cat.models))
+        unknown = sorted(set(load.models) - set(full.models))
         if unknown:
-            raise CatalogError(f"{args.load}: models: unknown model(s) {unknown}; allowed: {sorted(cat.models)}")
-        if args.only_models or args.only_flavors:
-            cat = cat.subset(args.only_models, args.only_flavors)
+            raise CatalogError(f"{args.load}: models: unknown model(s) {unknown}; allowed: {sorted(full.models)}")
+        cat = catalog_from_args(args)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

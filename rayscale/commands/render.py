@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from rayscale.commands.plan import add_catalog_args
+from rayscale.commands.plan import add_catalog_args, catalog_from_args
 
 
 def register(sub: Any) -> None:
@@ -33,13 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     from rayscale.cluster import crdschema
     from rayscale.cluster.render import RenderSettings, default_serve_configs, render, stale, write
-    from rayscale.config import load_catalog
     from rayscale.core.catalog import CatalogError
 
     try:
-        cat = load_catalog(args.models, args.flavors, args.profiles)
-        if args.only_models or args.only_flavors:
-            cat = cat.subset(args.only_models, args.only_flavors)
+        cat = catalog_from_args(args)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

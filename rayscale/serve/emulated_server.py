@@ -45,12 +45,12 @@ class EmulatedLLMServer:
         max_model_len: int = 32768,
         stream_interval_s: float = 0.0,
     ) -> None:
-        from rayscale.serve.metrics import EmulatedEngineMetrics, serve_identity
-
         # The ingress hands requests over as Ray Serve LLM's request models, whose unpickling imports
         # vLLM and torch (10-20 s on two cores). Do it now, before Serve marks the replica RUNNING, so
         # the first requests of a new replica do not stall (and its metrics do not go quiet) mid scale-up.
         import ray.llm._internal.serve.core.configs.openai_api_models  # noqa: F401
+
+        from rayscale.serve.metrics import EmulatedEngineMetrics, serve_identity
 
         # Says which flavor deployment answered (responses carry it as system_fingerprint).
         self.fingerprint = f"rayscale-emulated:{serve_identity()['deployment'] or model_name}"

@@ -11,34 +11,19 @@ import contextlib
 import os
 import socket
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rayscale.autoscale_demo import app_args, local_stand_in_catalog
 from rayscale.cluster.local import LocalCluster, LocalClusterConfig
 from rayscale.core.catalog import Catalog
+from rayscale.testing.waits import wait_for
 
 NODE_IP = "127.0.0.2"
 APP = "rayscale"
 MODEL = "mistral-7b"
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-            if v:
-                return v
-        except Exception as e:
-            last = e
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}" + (f": {last!r}" if last else ""))
 
 
 def free_port() -> int:
