@@ -59,10 +59,14 @@ def run(args: argparse.Namespace) -> int:
         return _detached(args)
     actuator: Actuator
     if args.actuator == "local":
-        from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster
+        from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster, LocalClusterError
         from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
 
-        cluster = LocalCluster.attach(args.root or DEFAULT_ROOT)
+        try:
+            cluster = LocalCluster.attach(args.root or DEFAULT_ROOT)
+        except LocalClusterError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         if not cluster.dashboard_url:
             print("error: the local cluster runs without a dashboard (needed for Serve's API)", file=sys.stderr)
             return 2

@@ -131,8 +131,10 @@ def test_metrics_down_holds_capacity_then_drains_without_dropping(ctl: Controlle
     bg0.join(120)
     time.sleep(max(0.0, 30.0 - (time.time() - t0)))  # > stale_after_s + downscale_delay_s + dwell
     held = [r for r in ctl.records if r.t >= t0 + ctl.config.period_s]
-    assert held and _serve(ctl)[0] == n_before
-    assert all(not [a for a in r.actions if a["type"] in ("DeleteGang", "SetReplicas")] for r in held)
+    # Capacity ordered before the outage may still arrive; nothing may go away while the controller is blind.
+    assert held and _serve(ctl)[0] >= n_before
+    assert not [a for r in held for a in r.actions if a["type"] == "DeleteGang"]
+    assert not [a for r in held for a in r.actions if a["type"] == "SetReplicas" and a["replicas"] < n_before]
     assert any("stale" in json.dumps(r.plan) for r in held), "decision records must say why capacity is held"
     # Metrics back, low steady load: the controller drains replicas first, then releases their nodes,
     # and every request (streams included) completes.
@@ -161,16 +163,23 @@ def test_kill_mid_scale_up_and_restart(ctl: Controller, cluster: LocalCluster, t
     log = tmp_path / "d.jsonl"
 
     def start() -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "rayscale.cli", "controller", "--root", str(cluster.root),
+        cmd = [sys.executable, "-m", "rayscale.cli", "controller", "--root", str(cluster.root), "--metrics-port", "0",
                "--models", str(tmp_path / "models.yaml"), "--flavors", str(tmp_path / "flavors.yaml"),
                "--profiles", str(tmp_path / "profiles.yaml"), "--period", "1", "--launch-delay", "4",
                "--decision-log", str(log), "--duration", "120"]
+        out = open(tmp_path / "controller.out", "ab")  # noqa: SIM115  (the child writes it; read on failure)
         return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=out, stderr=subprocess.STDOUT)
+
+    def output() -> str:
+        return (tmp_path / "controller.out").read_text(errors="replace")[-3000:]
 
     p = start()
     try:
-        wait_for(lambda: log.exists() and "CreateGang" in log.read_text(), 90, "the CLI controller to order a gang")
+        try:
+            wait_for(lambda: log.exists() and "CreateGang" in log.read_text(), 90, "the CLI controller to order a gang")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; controller output:\n{output()}") from None
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(10)
@@ -219,13 +228,13 @@ def test_detached_actor_on_the_head_survives_a_crash(cluster: LocalCluster) -> N
         wait_for(lambda: ray.get(actor.status.remote(), timeout=30)["reconciles"] >= 2, 120, "Ray to restart it")
         assert ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=30) != pid
 
-        def two_ready() -> bool:
-            gangs = ray.get(actor.status.remote(), timeout=30)["gangs"]
-            return sorted(gangs) == ["mistral-7b-a10g-od-0", "mistral-7b-a10g-od-1"] and set(gangs.values()) == {"ready"}
+        def ready() -> dict[str, str]:
+            gangs: dict[str, str] = ray.get(actor.status.remote(), timeout=30)["gangs"]
+            return gangs if len(gangs) >= 2 and set(gangs.values()) == {"ready"} else {}
 
-        wait_for(two_ready, 120, "two ready gangs under the restarted actor")
+        gangs = wait_for(ready, 120, "ready gangs (at least min_replicas) under the restarted actor")
         owned = [n for n in cluster.nodes() if not n.is_head]
-        assert len(owned) == 2
+        assert len(owned) == len(gangs) and {n.labels.get(LABEL_GANG) for n in owned} == set(gangs)
     finally:
         with contextlib.suppress(Exception):
             ray.get(actor.stop.remote(), timeout=60)
