@@ -6,10 +6,8 @@ import ast
 import os
 from pathlib import Path
 
-import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+import nbclient  # dev dependencies: a missing one is an install error, not a reason to skip
+import nbformat
 
 NB = Path(__file__).resolve().parents[1] / "notebooks" / "scaling.ipynb"
 
