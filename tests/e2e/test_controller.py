@@ -193,7 +193,10 @@ def test_kill_mid_scale_up_and_restart(ctl: Controller, cluster: LocalCluster, t
         wait_for(converged, 120, "two ready gangs after the restart")
         time.sleep(4)  # a few more periods: nothing more is created
         gangs = ctl.actuator.gangs(time.time())
-        assert sorted(g.name for g in gangs) == ["mistral-7b-a10g-od-0", "mistral-7b-a10g-od-1"]
+        # Two gangs, no duplicate: a half-started gang the kill left behind is deleted whole and its name
+        # stays taken until it is gone, so the replacement may carry the next index.
+        names = [g.name for g in gangs]
+        assert len(names) == 2 and len(set(names)) == 2 and "mistral-7b-a10g-od-0" in names
         owned = [n for n in cluster.nodes() if not n.is_head]
         assert len(owned) == 2 and all(n.labels.get(LABEL_GANG) in {g.name for g in gangs} for n in owned)
     finally:
