@@ -164,9 +164,9 @@ EMULATED_MODEL = "mistral-7b"
 
 def emulated_profile(flavor: str, slowdown: float = 1.0) -> dict[str, Any]:
     """The published Mistral-7B/A10G profile (FACTS.md), optionally slower for a second flavor."""
-    from rayscale.engines.profile import MISTRAL_7B_A10G
+    from rayscale.engines.profile import catalog_profile
 
-    p = MISTRAL_7B_A10G.model_dump()
+    p = catalog_profile("mistral-7b", "a10g").model_dump()
     p.update(
         flavor=flavor,
         itl_alpha_s=p["itl_alpha_s"] * slowdown,

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from rayscale.cluster.actuator import Actuator
-    from rayscale.controller.loop import Controller, ControllerConfig
+    from rayscale.controller.loop import Controller, ControllerConfig, record_line
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
     from rayscale.serve.weights import set_flavor_weights
@@ -98,9 +98,7 @@ def run(args: argparse.Namespace) -> int:
 
     metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0")
     ctl.on_record(metrics.update)
-    ctl.on_record(lambda r: print(f"[{r.t:.0f}] ${r.plan.get('usd_per_h', 0):.2f}/h actions="
-                                  f"{[a['type'] + ':' + str(a.get('name') or a.get('replicas')) for a in r.actions]}"
-                                  f"{' errors=' + str(r.errors) if r.errors else ''}", flush=True))
+    ctl.on_record(lambda r: print(record_line(r), flush=True))
     try:
         ctl.run(args.duration)
     except KeyboardInterrupt:

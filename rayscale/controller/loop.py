@@ -32,6 +32,7 @@ from rayscale.core.catalog import Catalog
 from rayscale.core.estimate import Correction, EstimateSettings, estimate, update_corrections
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
+from rayscale.core.route import flavor_weights
 from rayscale.core.signals import Freshness, ModelSignals
 from rayscale.signals.scrape import MetricsScraper
 from rayscale.signals.window import Scrape, aggregate
@@ -86,6 +87,16 @@ def _sig_summary(s: ModelSignals) -> dict[str, Any]:
     if s.mix:
         d["prompt_mean"], d["output_mean"] = round(s.mix.prompt_mean, 1), round(s.mix.output_mean, 1)
     return d
+
+
+def record_line(r: DecisionRecord) -> str:
+    """One line per period for a terminal: plan cost, gangs per flavor and phase, replicas, actions."""
+    gangs = " ".join(f"{f}:{c['ready']}r/{c['pending']}p" + (f"/{c['failed']}f" if c["failed"] else "")
+                     for f, c in sorted(r.by_flavor.items())) or "-"
+    replicas = " ".join(f"{k}={n}" for k, n in sorted(r.serve.items())) or "-"
+    acts = [a["type"] + ":" + str(a.get("name") or a.get("replicas")) for a in r.actions]
+    errs = f" errors={r.errors}" if r.errors else ""
+    return f"[{r.t:.0f}] plan ${r.plan.get('usd_per_h', 0):.2f}/h gangs {gangs} replicas {replicas} actions={acts}{errs}"
 
 
 class Controller:
@@ -218,16 +229,11 @@ class Controller:
         return errors
 
     def _route(self, demands: dict[str, Any], serve: ServeSnapshot) -> list[str]:
-        """Weights proportional to the capacity each flavor serves now (replicas x per-replica req/s)."""
+        """Push the core's routing weights to the ingress when they change."""
         if self.weights_sink is None:
             return []
         errors = []
-        by_model: dict[str, dict[str, float]] = defaultdict(dict)
-        for (m, f), n in serve.target.items():
-            d = demands.get(m)
-            cap = d.capacity[f].rps if d is not None and f in d.capacity else 0.0
-            by_model[m][f] = round(n * cap, 4)
-        for m, w in sorted(by_model.items()):
+        for m, w in sorted(flavor_weights(serve.target, demands).items()):
             if self._weights.get(m) != w and sum(w.values()) > 0:
                 try:
                     self.weights_sink(serve.app_of.get((m, next(iter(w))), self.config.app_name), m, w)

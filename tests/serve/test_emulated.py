@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from rayscale.engines.emulated import EmulatedEngine, EngineOverloaded
-from rayscale.engines.profile import MISTRAL_7B_A10G, EmulatedProfile
+from rayscale.engines.profile import EmulatedProfile, catalog_profile
 from rayscale.serve.metrics import scrape_engine_metrics
 from rayscale.serve.weights import set_flavor_weights
 from tests.conftest import EMULATED_MODEL, TINY_APP, wait_for
@@ -95,7 +95,7 @@ def test_request_larger_than_context_or_kv_is_rejected() -> None:
 
 def test_hundreds_of_concurrent_streams_are_cheap() -> None:
     # The A10G profile's batch limits with a faster clock, so the test takes seconds, not minutes.
-    fast = MISTRAL_7B_A10G.model_copy(update={"itl_alpha_s": 0.005, "itl_beta_s": 0.00005})
+    fast = catalog_profile("mistral-7b", "a10g").model_copy(update={"itl_alpha_s": 0.005, "itl_beta_s": 0.00005})
     eng = EmulatedEngine(fast, max_model_len=8192, stream_interval_s=0.1)
     cpu0, t0 = time.process_time(), time.monotonic()
 
@@ -105,12 +105,14 @@ def test_hundreds_of_concurrent_streams_are_cheap() -> None:
     res = asyncio.run(run())
     wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
     assert all(n == 50 for _, _, n in res)
-    # KV caps the batch before max_num_seqs does: 48000 // (500 + 50) = 87 run at once, the rest queue,
-    # so ~5 waves of 50 x (5 + 0.05 x 87) ms.
+    # KV caps the batch before max_num_seqs does: kv_tokens // (500 + 50) run at once (100 with the
+    # catalog's 55k tokens), the rest queue, so ~4 waves of 50 x (5 + 0.05 x batch) ms.
     # Relative, not absolute, times: a busy machine delays every stream alike, not the queue's wave gap.
+    batch = fast.kv_tokens // 550
+    assert batch < fast.max_num_seqs and batch < 400
     ttfts = sorted(r[0] for r in res)
-    wave = 50 * (0.005 + 0.00005 * 87)
-    assert ttfts[87] - ttfts[86] > 0.5 * wave, "the 88th request must wait for a KV slot"
+    wave = 50 * (0.005 + 0.00005 * batch)
+    assert ttfts[batch] - ttfts[batch - 1] > 0.5 * wave, f"request {batch + 1} must wait for a KV slot"
     assert 1.5 < wall < 30
     assert cpu < 3.0, f"{cpu:.1f}s of CPU for 400 emulated streams"
 
