@@ -200,7 +200,7 @@ def run_rayscale(root: Path) -> dict[str, Any]:
         actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=LAUNCH_DELAY_S,
                                                               max_worker_nodes=MAX_WORKERS))
         ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
-                         ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP,
+                         ControllerConfig(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0, app_name=APP,
                                           decision_log=root / "decisions.jsonl",
                                           planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
                          weights_sink=set_flavor_weights)

@@ -183,7 +183,7 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
                      # Seconds instead of minutes (local nodes start in seconds), but a 30 s scale-down delay
                      # so the on/off gaps inside the trace's burst do not churn nodes.
-                     ControllerConfig(period_s=2.0, window_s=20.0, stale_after_s=8.0, app_name=APP,
+                     ControllerConfig(period_s=2.0, window_s=20.0, fast_window_s=6.0, stale_after_s=8.0, app_name=APP,
                                       decision_log=out_dir / "decisions.jsonl",
                                       act=ActSettings(backoff_s=30.0),
                                       planner=PlannerSettings(downscale_delay_s=30.0, min_dwell_s=10.0)),

@@ -33,7 +33,7 @@ from rayscale.core.estimate import Correction, EstimateSettings, estimate, updat
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.route import flavor_weights
-from rayscale.core.signals import Freshness, ModelSignals
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.signals.scrape import MetricsScraper
 from rayscale.signals.window import Scrape, aggregate
 
@@ -42,6 +42,8 @@ from rayscale.signals.window import Scrape, aggregate
 class ControllerConfig:
     period_s: float = 5.0
     window_s: float = 30.0
+    # A rise in arrivals counts over this shorter tail of the window too (fast up, slow down); None: off.
+    fast_window_s: float | None = 10.0
     stale_after_s: float = 20.0
     app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
     forecaster: str = "last"
@@ -114,6 +116,7 @@ class Controller:
         self.corrections: dict[tuple[str, str], Correction] = {}
         self.unavailable: dict[tuple[str, str, str], float] = {}
         self.rate_history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.config.history_len))
+        self.last_mix: dict[str, RequestMix] = {}
         self.records: list[DecisionRecord] = []
         self._stop = threading.Event()
         self._listeners: list[Callable[[DecisionRecord], None]] = []
@@ -140,7 +143,8 @@ class Controller:
         self.scrapes.append(scrape)
         while self.scrapes and self.scrapes[0].t < t0 - 4 * cfg.window_s:
             self.scrapes.popleft()
-        signals = aggregate(list(self.scrapes), t0, cfg.window_s, cfg.stale_after_s, self.catalog.models)
+        signals = aggregate(list(self.scrapes), t0, cfg.window_s, cfg.stale_after_s, self.catalog.models,
+                            fast_window_s=cfg.fast_window_s)
         serve = self.serve.snapshot()
         if not serve.ok:
             errors.append(serve.error)
@@ -203,11 +207,18 @@ class Controller:
         return rec
 
     def _with_history(self, sig: ModelSignals) -> ModelSignals:
-        if sig.freshness != Freshness.FRESH or sig.arrival_rate_rps is None:
+        rate = sig.arrival_rate_rps
+        if sig.freshness != Freshness.FRESH or rate is None:
             return sig
+        # A window in which no request finished has no mix; the last one seen is a far better guess than
+        # the generic default (long outputs), which would size replicas for a load that is not there.
+        if sig.mix is not None:
+            self.last_mix[sig.model] = sig.mix
+        elif sig.model in self.last_mix:
+            sig = replace(sig, mix=self.last_mix[sig.model])
         hist = self.rate_history[sig.model]
         out = replace(sig, rate_history=tuple(hist))
-        hist.append(sig.arrival_rate_rps)
+        hist.append(rate)
         return out
 
     def _apply(self, actions: list[Any], serve: ServeSnapshot, now: float) -> list[str]:

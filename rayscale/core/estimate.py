@@ -212,15 +212,23 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     return out
 
 
+# A p95 of fewer requests than this is mostly noise: one slow request would move capacity by half.
+MIN_CORRECTION_SAMPLES = 8
+
+
 def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
-                       previous: dict[tuple[str, str], Correction]) -> dict[tuple[str, str], Correction]:
-    """New corrections from observed latency per (model, flavor); unobserved pairs keep theirs."""
+                       previous: dict[tuple[str, str], Correction],
+                       min_samples: float = MIN_CORRECTION_SAMPLES) -> dict[tuple[str, str], Correction]:
+    """New corrections from observed latency per (model, flavor); unobserved pairs keep theirs, and so do
+    pairs whose window finished fewer than ``min_samples`` requests (when the count is known)."""
     out = dict(previous)
     for name, sig in signals.items():
         if name not in catalog.models or not sig.usable or sig.mix is None:
             continue
         for flavor, obs in sig.per_flavor.items():
             if flavor not in catalog.models[name].parallelism or obs.replicas <= 0:
+                continue
+            if obs.completed is not None and obs.completed < min_samples:
                 continue
             prof = catalog.profile(name, flavor)
             mix = replace(sig.mix, prompt_mean=obs.prompt_mean or sig.mix.prompt_mean)

@@ -39,6 +39,8 @@ class FlavorObservation:
     ttft_p95_s: float | None = None
     tpot_p95_s: float | None = None
     prompt_mean: float | None = None
+    # Requests that finished in the window (the latency quantiles' sample size); None: not known.
+    completed: float | None = None
 
 
 @dataclass(frozen=True)

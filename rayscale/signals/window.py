@@ -84,9 +84,28 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     return bs[-1][0]
 
 
+def _arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
+    """Requests that reached the engines of ``model`` per second between two scrapes: first tokens
+    (admitted and prefilled) plus the growth of the engines' queues."""
+    def total(s: Scrape, name: str) -> float:
+        return sum(v for (n, lb), v in s.series.items() if n == name and _label(lb, "model") == model)
+
+    started = 0.0
+    for (n, lb), v in last.series.items():
+        if n == TTFT + "_count" and _label(lb, "model") == model:
+            started += _delta(v, first.series.get((n, lb)))
+    dt = max(last.t - first.t, 1e-9)
+    return max(0.0, started + total(last, WAITING) - total(first, WAITING)) / dt
+
+
 def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, stale_after_s: float = 20.0,
-              models: Iterable[str] = ()) -> dict[str, ModelSignals]:
-    """ModelSignals per model from the scrapes within ``window_s`` of ``now``."""
+              models: Iterable[str] = (), fast_window_s: float | None = None) -> dict[str, ModelSignals]:
+    """ModelSignals per model from the scrapes within ``window_s`` of ``now``.
+
+    With ``fast_window_s``, the arrival rate is the larger of the rates over the whole window and over
+    its last ``fast_window_s``: a load step shows within seconds instead of after half a window, while a
+    drop still takes the whole window (and then the planner's downscale delay) to lower it.
+    """
     ok = [s for s in scrapes if s.ok]
     last_seen: dict[str, float] = {}
     for s in ok:
@@ -104,7 +123,6 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
             out[m] = ModelSignals(m, fresh, age)
         return out
     first, last = win[0], win[-1]
-    dt = max(last.t - first.t, 1e-9)
     per_model: dict[str, _Acc] = defaultdict(_Acc)
     per_flavor: dict[tuple[str, str], _Acc] = defaultdict(_Acc)
     for (name, lbls), v in last.series.items():
@@ -139,8 +157,11 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
         started = a.counters.get(TTFT + "_count", 0.0)
         done = a.counters.get(E2E + "_count", 0.0)
         waiting_now = sum(a.gauges.get(WAITING, []))
-        waiting_then = sum(v for (n, lb), v in first.series.items() if n == WAITING and _label(lb, "model") == m)
-        arrivals = max(0.0, started + waiting_now - waiting_then) / dt
+        arrivals = _arrival_rate(first, last, m)
+        if fast_window_s is not None:
+            recent = [s for s in win if s.t <= last.t - fast_window_s]
+            if recent and recent[-1] is not first:
+                arrivals = max(arrivals, _arrival_rate(recent[-1], last, m))
         prompt_mean = a.counters.get(PROMPT, 0.0) / started if started else None
         output_mean = a.counters.get(GEN, 0.0) / done if done else None
         p95 = histogram_quantile(0.95, a.buckets.get(PROMPT_HIST, {}))
@@ -159,6 +180,7 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
                 ttft_p95_s=histogram_quantile(0.95, fa.buckets.get(TTFT, {})),
                 tpot_p95_s=histogram_quantile(0.95, fa.buckets.get(TPOT, {})),
                 prompt_mean=fa.counters.get(PROMPT, 0.0) / fs if fs else None,
+                completed=fa.counters.get(TPOT + "_count", 0.0),
             )
         out[m] = ModelSignals(
             model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals, mix=mix,

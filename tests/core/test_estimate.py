@@ -96,6 +96,19 @@ def test_correction_tracks_observed_over_predicted_and_is_clamped() -> None:
     assert c[("mistral-7b", "a10g")].tpot <= 3.0
 
 
+def test_a_handful_of_requests_does_not_move_the_correction() -> None:
+    cat = load_catalog()
+    pred = tpot_at(cat.profile("mistral-7b", "a10g"), 10, MIX)
+
+    def sig(completed: float | None) -> ModelSignals:
+        return ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.1, MIX, per_flavor={
+            "a10g": FlavorObservation(replicas=1, running_per_replica=10, tpot_p95_s=3 * pred, completed=completed)})
+
+    assert update_corrections(cat, {"mistral-7b": sig(2)}, {}) == {}  # 2 requests: keep the profile
+    assert ("mistral-7b", "a10g") in update_corrections(cat, {"mistral-7b": sig(20)}, {})
+    assert ("mistral-7b", "a10g") in update_corrections(cat, {"mistral-7b": sig(None)}, {})  # count unknown
+
+
 def test_batch_for_the_correction_follows_littles_law_not_the_instant_gauge() -> None:
     """A gauge read between bursts says 0 running; the window ran ~40: compare with the window's batch."""
     cat = load_catalog()

@@ -63,7 +63,7 @@ def ctl(cluster: LocalCluster, serve_url: str, tmp_path_factory: pytest.TempPath
     log = tmp_path_factory.mktemp("ctl") / "decisions.jsonl"
     scraper = MetricsScraper(ray_metrics_endpoints)
     c = Controller(local_catalog(), act, ServeClient(cluster.dashboard_url), scraper,
-                   ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP, decision_log=log,
+                   ControllerConfig(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0, app_name=APP, decision_log=log,
                                     act=ActSettings(backoff_s=30.0),
                                     planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
                    weights_sink=set_flavor_weights)

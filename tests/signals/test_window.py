@@ -65,6 +65,27 @@ def test_idle_is_zero_but_missing_and_stale_are_not() -> None:
     assert later["m"].age_s == pytest.approx(30.0)
 
 
+def test_fast_window_sees_a_step_early_but_a_drop_takes_the_whole_window() -> None:
+    # 0.5 req/s for 30 s, then 3 req/s: one scrape a second.
+    def at(t: int) -> Scrape:
+        n = 0.5 * min(t, 30) + 3.0 * max(0, t - 30)
+        return Scrape(float(t), _rep("m", "a10g", "r1", t, n, n, 0, {}))
+
+    step = [at(t) for t in range(0, 35)]
+    slow = aggregate(step, now=34.0, window_s=30.0)["m"].arrival_rate_rps
+    fast = aggregate(step, now=34.0, window_s=30.0, fast_window_s=4.0)["m"].arrival_rate_rps
+    assert slow == pytest.approx((0.5 * 26 + 3 * 4) / 30)  # the step is diluted in the long window
+    assert fast == pytest.approx(3.0)  # the last 4 s are all step
+    # After a drop the long window still holds the load: the larger rate wins (slow down).
+    def drop(t: int) -> Scrape:
+        n = 3.0 * min(t, 30) + 0.5 * max(0, t - 30)
+        return Scrape(float(t), _rep("m", "a10g", "r1", t, n, n, 0, {}))
+
+    fell = [drop(t) for t in range(0, 35)]
+    assert aggregate(fell, now=34.0, window_s=30.0, fast_window_s=4.0)["m"].arrival_rate_rps == pytest.approx(
+        aggregate(fell, now=34.0, window_s=30.0)["m"].arrival_rate_rps)
+
+
 def test_histogram_quantile_edges() -> None:
     assert histogram_quantile(0.95, {}) is None
     assert histogram_quantile(0.5, {1.0: 0.0, float("inf"): 0.0}) is None
