@@ -11,6 +11,7 @@ BENCHES = [
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
     ["bench.serving_overhead", "--write"],
     ["bench.controller_vs_serve", "--out", "bench/results/controller_vs_serve.md"],
+    ["bench.fidelity", "--out", "bench/results/fidelity.md", "--plot", "bench/results/fidelity.png"],
 ]
 
 

@@ -1,23 +1,34 @@
 """Every policy on the Azure code trace and generated diurnal and bursty traces; writes a markdown table.
 
-    .venv/bin/python -m bench.simulate_policies [--out bench/results/sim_policies.md] [--plots]
+    .venv/bin/python -m bench.simulate_policies [--out bench/results/sim_policies.md] [--plots] [--tradeoffs]
 
-The same runs as `rayscale simulate --policy all --trace ... --json`, one call per trace (commands in the
-output). Goals for rayscale (issue 6): SLO attainment >= 99%, cost <= 1.10x oracle and <= 0.60x stock.
+The same runs as `rayscale simulate --policy all --trace ... --prefill-contention --json`, one call per
+trace (commands in the output). Goals for rayscale (issue 6): SLO attainment >= 99%, cost <= 1.10x oracle
+and <= 0.60x stock. ``--tradeoffs`` also replays the rayscale policy under other settings (forecaster,
+target utilisation, headroom, scale-down delay) on the same three traces and tabulates SLO against cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rayscale.commands.simulate import render_table
 from rayscale.config import load_catalog
-from rayscale.sim.policies import POLICIES
-from rayscale.sim.simulator import SimConfig, simulate
+from rayscale.core.catalog import Catalog
+from rayscale.core.estimate import EstimateSettings, replica_capacity
+from rayscale.core.forecast import Forecaster, Seasonal
+from rayscale.core.plan import PlannerSettings
+from rayscale.sim.policies import OraclePolicy, Policy, RayscalePolicy, make_policy
+from rayscale.sim.simulator import SimConfig, SimResult, Simulation, simulate
 from rayscale.sim.sources import load_spec
+from rayscale.sim.trace import Trace
+from rayscale.tables import format_table
 
 AZURE = str(Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_code.csv")
 CASES = [
@@ -27,22 +38,175 @@ CASES = [
     ("generated bursty, 4 h, 2 req/s + 12 req/s bursts (5 min every 30 min)",
      "gen:bursty:base=2,burst=12,every_s=1800,burst_s=300,hours=4", 1.0),
 ]
+SHORT = ["Azure x3", "diurnal", "bursty"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One rayscale setting of the trade-off table."""
+
+    label: str
+    forecaster: str = "trend"
+    target_utilization: float = 0.8
+    headroom: float = 0.0
+    downscale_delay_s: float = 120.0
+
+    def forecaster_obj(self) -> str | Forecaster:
+        if self.forecaster.startswith("peak") and self.forecaster[4:].isdigit():
+            return Seasonal(peak_window=int(self.forecaster[4:]))
+        if self.forecaster.startswith("hold") and self.forecaster[4:].isdigit():  # peak hold, no season
+            return Seasonal(peak_window=int(self.forecaster[4:]), threshold=math.inf)
+        return self.forecaster
+
+    def policy(self, solver: str) -> RayscalePolicy:
+        return RayscalePolicy(
+            forecaster=self.forecaster_obj(),
+            planner=PlannerSettings(solver=solver, downscale_delay_s=self.downscale_delay_s),
+            est=EstimateSettings(target_utilization=self.target_utilization, headroom=self.headroom))
+
+
+DEFAULT = SimConfig()
+VARIANTS = [
+    Variant("previous default", "trend"),
+    Variant("forecaster last", "last"),
+    Variant("forecaster seasonal", "seasonal"),
+    Variant("peak hold 15", "peak15"),
+    Variant("peak hold 30", "peak30"),
+    Variant("peak hold 60", "peak60"),
+    Variant("peak hold 60, no season", "hold60"),
+    Variant("utilisation 0.6", target_utilization=0.6),
+    Variant("headroom 0.25", headroom=0.25),
+    Variant("headroom 0.5", headroom=0.5),
+    Variant("scale-down delay 600 s", downscale_delay_s=600.0),
+    Variant("scale-down delay 1800 s", downscale_delay_s=1800.0),
+    Variant("new default: peak 60 + delay 600 s", "peak60",
+            downscale_delay_s=DEFAULT.rayscale_downscale_delay_s or 120.0),
+    Variant("peak 60 + delay 600 s + utilisation 0.7", "peak60", target_utilization=0.7, downscale_delay_s=600.0),
+    Variant("peak 60 + delay 600 s + headroom 0.25", "peak60", headroom=0.25, downscale_delay_s=600.0),
+]
+
+METHOD = """\
+How to read these numbers:
+
+- Engine: chunked prefill (`EngineConfig.prefill_contention`, now the default): a replica's prefill
+  tokens share its time with decode, at most 2,048 per iteration. The previous results let every request
+  prefill at the replica's full rate in parallel, which on the Azure code trace (2,048-token prompts,
+  28-token outputs) gave a replica about ten times its profile's prefill throughput.
+- Oracle: perfect foresight (true rate of the next minute), instant nodes, fluid packing. Its cost is
+  sized from *measured* capacity, not the estimator's model: for each flavor, the largest arrival rate
+  per replica at which a pool of the same Engine (about 2,048 concurrent sequences), fed Poisson arrivals
+  of the trace's own requests, serves 99% of them within both SLO targets (`rayscale.sim.capacity`,
+  bisection with common random numbers). Cost = integral of rate / capacity x $/h of the cheapest flavor
+  per request (spot at its maximum share). Poisson is smoother than the traces, and the fluid oracle pays
+  for no start-up, idle, rounding or headroom: a lower bound on the cost of the same SLO. Its latency
+  columns come from its integer plan (measured capacity x 0.8, instant nodes), whose cost is noted below.
+- rayscale runs the core's estimate/plan with the simulator's default settings: forecaster `peak`
+  (TrendSeasonal with the season detected in the rate history, never below the highest rate of the last
+  60 one-minute windows) and a 600 s scale-down delay; everything else is the controller's default.
+"""
+
+
+def capacity_note(cat: Catalog, tr: Trace, oracle: OraclePolicy, model: str) -> str:
+    """Measured vs predicted capacity per replica for the flavors the oracle measured."""
+    from rayscale.sim.policies import window_mix
+
+    mix = window_mix(tr.prompt_tokens, tr.output_tokens.clip(1))
+    assert mix is not None
+    slo = cat.models[model].slo
+    parts = []
+    for f, m in sorted(oracle.capacity.items()):
+        if m.dominated:
+            continue
+        pred = replica_capacity(cat.profile(model, f), slo, mix, target_utilization=1.0).rps
+        parts.append(f"{f} {m.rps:.2f} req/s measured vs {pred:.2f} predicted at full utilisation")
+    dom = sorted(f for f, m in oracle.capacity.items() if m.dominated)
+    return ("capacity at the SLO per replica: " + "; ".join(parts)
+            + (f" (not cheaper per request, one run each: {', '.join(dom)})" if dom else "") + ".")
+
+
+def shortfall_notes(cat: Catalog, traces: list[Trace], model: str) -> str:
+    """The arithmetic behind the misses, from the traces and the catalog alone (no simulation)."""
+    import numpy as np
+
+    starts = sorted(cat.flavors[f].node_startup_s + cat.profile(model, f).startup_s
+                    for f in cat.models[model].parallelism)
+    az, _, bu = traces
+    a = bu.arrival_s
+    first = int(((a >= 900) & (a < 1200)).sum())  # gen:bursty: the first burst is at every_s / 2
+    x = az.arrival_s
+    r10 = float((np.histogram(x, bins=np.arange(0, x[-1] + 10, 10))[0] / 10).max())
+    r60 = float((np.histogram(x, bins=np.arange(0, x[-1] + 60, 60))[0] / 60).max())
+    short = float((np.maximum(az.output_tokens, 1) < 10).mean())
+    return f"""
+## Where rayscale falls short, and why
+
+- Bursty: a burst lasts 300 s; a replica takes node start + model load = {starts[0]:.0f}-{starts[-1]:.0f} s
+  ({model}, by flavor). Capacity ordered when a burst begins lands {starts[0] - 300:.0f} s or more after it
+  ended, so a reactive policy serves a burst only with what already runs. The first burst holds {first:,}
+  of {len(a):,} requests ({100 * first / len(a):.1f}%): no policy that has not seen a burst before can
+  have capacity for it, which caps attainment at {100 * (1 - first / len(a)):.1f}% before anything else.
+  The `peak` forecaster holds the highest rate of the last hour (bursts 2 and 3 find capacity) and, once
+  the history holds two periods (62 min here), the detected 30-min season orders capacity a start-up
+  time ahead of every later burst. Reaching 99% needs a history from an earlier period (a production
+  controller that has run for a day has one; the simulator starts empty) or burst capacity from the start
+  (static-peak; it still misses 99% here, for the estimator's error in the last point).
+- Azure code x3: the load swings within the minute (peak 10-s rate {r10:.0f} req/s, peak 1-min
+  {r60:.0f}, mean {len(x) / x[-1]:.1f}); its p95 prompt of {float(np.percentile(az.prompt_tokens, 95)):.0f}
+  tokens takes 1.5 s of prefill on a 5,000 token/s flavor, and {100 * short:.0f}% of the answers are under 10
+  tokens, so one long prompt's chunks in their one or two decode iterations break their TPOT. Even the
+  oracle's integer plan (perfect one-minute foresight, instant nodes) misses 99% by far; meeting it needs
+  capacity sized for the 10-second peaks, {r10 / r60:.0f}x the one-minute peak static-peak is sized for.
+- Cost against the oracle: the oracle is a fluid bound on measured capacity; a real fleet pays for target
+  utilisation (0.8), the hysteresis band (0.25), whole replicas, capacity ordered a start-up time early
+  and, here, the estimator's error: it predicts more per-replica capacity than the engine sustains at
+  99% per-request attainment (see the capacity lines above), and its per-flavor corrections are noisy, so
+  the planner swaps flavors (make-before-break pays for both while the new ones start).
+"""
+
+
+def run_tradeoffs(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, SimResult]], seed: int,
+                  solver: str) -> str:
+    rows: list[list[Any]] = []
+    for v in VARIANTS:
+        row: list[Any] = [v.label, v.forecaster, v.target_utilization, v.headroom, int(v.downscale_delay_s)]
+        for i, tr in enumerate(traces):
+            r = Simulation(cat, tr, v.policy(solver), SimConfig(seed=seed)).run()
+            o, s = base[i]["oracle"].cost_usd, base[i]["stock"].cost_usd
+            row += [f"{100 * r.slo_attainment:.2f}%", round(r.cost_usd, 2), f"{r.cost_usd / o:.1f}x",
+                    f"{r.cost_usd / s:.2f}x"]
+            print(f"  {v.label} / {SHORT[i]}: {100 * r.slo_attainment:.2f}% ${r.cost_usd:.2f}", flush=True)
+        rows.append(row)
+    head = ["setting", "forecaster", "util", "headroom", "delay s"]
+    for name in SHORT:
+        head += [f"{name} SLO", "$", "/oracle", "/stock"]
+    return format_table(head, rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="bench/results/sim_policies.md")
-    ap.add_argument("--plots", action="store_true", help="also write bench/results/sim_<case>.png")
+    ap.add_argument("--plots", action="store_true", help="also write bench/results/sim_case<N>.png")
+    ap.add_argument("--tradeoffs", action="store_true", help="also tabulate rayscale under other settings")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     cat = load_catalog()
+    cfg = SimConfig(seed=args.seed)
+    cmd_line = "python -m bench.simulate_policies --plots" + (" --tradeoffs" if args.tradeoffs else "")
     out = [f"# Simulated policies (seed {args.seed})\n",
-           f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; model mistral-7b, shipped catalog; "
-           "engine = emulated-engine latency model, tick 0.25 s; control period 5 s; planner solver greedy.\n"]
+           f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; `{cmd_line}`; model {cfg.model}, shipped "
+           f"catalog; engine = emulated-engine latency model with chunked prefill, tick {cfg.engine.tick_s} s; "
+           f"control period {cfg.control_period_s:g} s; planner solver {cfg.planner.solver}.\n", METHOD]
+    traces: list[Trace] = []
+    base: dict[int, dict[str, SimResult]] = {}
     for i, (label, spec, rate) in enumerate(CASES):
         tr = load_spec(spec, seed=args.seed, rate_scale=rate)
-        results = [simulate(cat, tr, p, SimConfig(seed=args.seed)) for p in POLICIES]
-        cmd = f"rayscale simulate --trace {spec} --policy all --seed {args.seed}"
+        traces.append(tr)
+        oracle = OraclePolicy(planner=cfg.planner)
+        pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s),
+                              make_policy("stock", cfg.planner), make_policy("static-peak", cfg.planner), oracle]
+        results = [simulate(cat, tr, p, cfg) for p in pols]
+        base[i] = {r.policy: r for r in results}
+        cmd = f"rayscale simulate --trace {spec} --policy all --seed {args.seed} --prefill-contention"
         if rate != 1.0:
             cmd += f" --rate-scale {rate:g}"
         st = tr.stats()
@@ -50,15 +214,25 @@ def main() -> None:
                    f"mean {st.rate_per_s:.2f} req/s, prompt mean {st.prompt_tokens_mean:.0f} / p95 "
                    f"{st.prompt_tokens_p95:.0f}, output mean {st.output_tokens_mean:.0f} tokens.\n\n```\n"
                    f"{render_table(results, tr.name)}\n```\n")
-        o = next(r for r in results if r.policy == "oracle")
+        o = base[i]["oracle"]
         out.append(f"oracle: fluid lower bound ${o.cost_usd:.2f}; its integer plan with instant nodes cost "
-                   f"${o.extra['integer_cost_usd']:.2f}.\n")
+                   f"${o.extra['integer_cost_usd']:.2f} at {100 * o.slo_attainment:.2f}% SLO. "
+                   f"{capacity_note(cat, tr, oracle, cfg.model)}\n")
         print("\n".join(out[-2:]), flush=True)
         if args.plots:
             from rayscale.sim.plots import plot_results
 
             plot_results([r for r in results if r.policy in ("rayscale", "stock", "oracle")],
                          str(Path(args.out).parent / f"sim_case{i + 1}.png"), title=label)
+    if args.tradeoffs:
+        out.append("\n## rayscale settings: SLO attainment against cost\n\nThe rayscale policy replayed on the "
+                   "three traces above with one setting changed at a time from the previous default (forecaster "
+                   "`trend`, target utilisation 0.8, headroom 0, scale-down delay 120 s), then combinations. "
+                   "`peakN`: forecaster `Seasonal(peak_window=N)` (season detected in the history, never below "
+                   "the highest rate of the last N one-minute windows); `holdN`: the same without the season. "
+                   "/oracle and /stock: cost over the fluid oracle's and the stock stack's above.\n\n```\n"
+                   + run_tradeoffs(cat, traces, base, args.seed, cfg.planner.solver) + "\n```\n")
+    out.append(shortfall_notes(cat, traces, cfg.model))
     Path(args.out).write_text("\n".join(out))
 
 

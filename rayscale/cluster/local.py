@@ -132,6 +132,7 @@ class _NodeRecord:
     resources: dict[str, float]
     labels: dict[str, str]
     started_at: float
+    node_ip: str = ""  # "" (state files from before per-node IPs): the cluster's node_ip
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class LocalNode:
     labels: dict[str, str]
     temp_dir: str
     log: str
+    node_ip: str = ""  # the address Ray knows the node by
 
     @property
     def alive(self) -> bool:
@@ -285,10 +287,14 @@ class LocalCluster:
         num_gpus: float | None = None,
         wait: bool = True,
         timeout_s: float | None = None,
+        node_ip: str | None = None,
     ) -> str:
         """Starts a worker node of ``flavor``; returns its id (``<flavor>-<n>``).
 
         With ``wait`` it returns once the node is registered with Ray (else call ``wait_node``).
+        ``node_ip`` gives the node its own address (any 127/8 address is this machine's loopback), so
+        that it can be told from the others by IP as a pod is on Kubernetes; the head and the GCS stay
+        on ``config.node_ip``. Default: ``config.node_ip``, shared by every node.
         """
         spec = flavor_spec(flavor, num_cpus, num_gpus, resources, labels)
         with self._lock():
@@ -297,7 +303,7 @@ class LocalCluster:
             self._counter[spec.name] = n
             node_id = f"{spec.name}-{n}"
             args = [f"--address={self.address}"]
-            self._launch(node_id, spec, args)
+            self._launch(node_id, spec, args, node_ip)
             self._save()
         if wait:
             try:
@@ -396,8 +402,9 @@ class LocalCluster:
         except KeyError:
             raise LocalClusterError(f"no node {node_id!r} (have {', '.join(self._records) or 'none'})") from None
 
-    def _launch(self, node_id: str, spec: LocalFlavor, args: list[str]) -> None:
+    def _launch(self, node_id: str, spec: LocalFlavor, args: list[str], node_ip: str | None = None) -> None:
         cfg = self.config
+        ip = node_ip or cfg.node_ip
         temp_dir = self.root / node_id
         temp_dir.mkdir(parents=True, exist_ok=True)
         (self.root / "tmp").mkdir(exist_ok=True)
@@ -408,7 +415,7 @@ class LocalCluster:
             "start",
             "--block",
             *args,
-            f"--node-ip-address={cfg.node_ip}",
+            f"--node-ip-address={ip}",
             f"--temp-dir={temp_dir}",
             f"--num-cpus={spec.num_cpus:g}",
             f"--num-gpus={spec.num_gpus:g}",
@@ -458,6 +465,7 @@ class LocalCluster:
             resources=dict(spec.resources),
             labels=labels,
             started_at=time.time(),
+            node_ip=ip,
         )
         self._children[node_id] = proc  # waited for in _reap so no zombie is left behind
 
@@ -582,6 +590,7 @@ class LocalCluster:
             labels=dict(info["labels"]) if info else dict(rec.labels),
             temp_dir=rec.temp_dir,
             log=rec.log,
+            node_ip=rec.node_ip or self.config.node_ip,
         )
 
     @contextlib.contextmanager

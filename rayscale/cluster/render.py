@@ -395,6 +395,7 @@ CLUSTER_RULES: list[Obj] = [
 NAMESPACE_RULES: list[Obj] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "update"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["get"]},  # --rayservice: follow its cluster
 ]
 
 

@@ -21,6 +21,9 @@ def register(sub: Any) -> None:
     p.add_argument("--max-nodes", type=int, default=3, help="local: worker nodes this machine may run")
     p.add_argument("--namespace", default="rayscale", help="kube: namespace of the RayCluster")
     p.add_argument("--raycluster", default="rayscale", help="kube: the RayCluster whose worker groups rayscale owns")
+    p.add_argument("--rayservice", default=None, metavar="NAME",
+                   help="kube: the KubeRay RayService that owns the RayCluster; its current cluster is read from "
+                        "the RayService's status every period (replaces --raycluster)")
     p.add_argument("--dashboard", default=None, help="kube: Ray dashboard URL (Serve API)")
     p.add_argument("--ray-address", default=None,
                    help="kube: Ray GCS address for metrics discovery (default: the dashboard host, port 6379)")
@@ -88,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         dashboard = args.dashboard
         address = args.ray_address or f"{urlparse(dashboard).hostname}:6379"
         actuator = KubeActuator(cat, client.ApiClient(),
-                                KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster))
+                                KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
+                                                   rayservice=args.rayservice))
     ray.init(address=address, logging_level=logging.ERROR)
     ctl = Controller(cat, actuator, ServeClient(dashboard), MetricsScraper(),
                      ControllerConfig(period_s=args.period, app_name=args.app,

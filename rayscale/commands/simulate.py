@@ -32,9 +32,9 @@ def register(sub: Any) -> None:
     p.add_argument("--control-period", type=float, default=5.0, help="policy period, seconds")
     p.add_argument("--solver", choices=["auto", "exact", "greedy"], default="greedy",
                    help="planner solver for rayscale/static-peak/oracle (default greedy, for speed)")
-    p.add_argument("--prefill-contention", action="store_true",
-                   help="engines share prefill throughput with decode (chunked prefill) instead of the "
-                        "emulated engine's independent prefill")
+    p.add_argument("--prefill-contention", action=argparse.BooleanOptionalAction, default=True,
+                   help="engines share prefill throughput with decode (chunked prefill, the default); "
+                        "--no-prefill-contention gives the emulated engine's independent prefill")
     p.add_argument("--json", action="store_true", help="print one JSON object per policy")
     p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")
     p.add_argument("--no-progress", action="store_true")

@@ -7,24 +7,26 @@
   flavor (a10g), the cheapest instance that fits one pending pod, batched (idle 1 s, max 10 s), idle nodes
   linger (KubeRay idleTimeoutSeconds 60 s + consolidateAfter 30 s), graceful shutdown 20 s;
 - ``static-peak``: the core planner fed the trace's peak rate (60 s windows) from start to end;
-- ``oracle``: perfect foresight (the next minute's true rate and mix), instant nodes, no capacity errors or
-  interruptions; its reported cost is the fluid lower bound (fractional replicas of the cheapest $/req
-  offering, spot at the flavor's spot share), and its latency comes from running the integer plan.
+- ``oracle``: perfect foresight (the next minute's true rate), instant nodes, no capacity errors or
+  interruptions, sized by the per-replica capacity at the SLO *measured* on the simulated engine
+  (rayscale.sim.capacity); its reported cost is the fluid lower bound (fractional replicas of the cheapest
+  $/req offering, spot at the flavor's spot share), and its latency comes from running the integer plan.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import Correction, EstimateSettings, estimate, update_corrections
-from rayscale.core.forecast import FORECASTERS, Forecaster, TrendSeasonal
+from rayscale.core.forecast import FORECASTERS, Forecaster
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
 
@@ -104,9 +106,9 @@ def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, sim: Simu
 class RayscalePolicy(Policy):
     name = "rayscale"
 
-    def __init__(self, forecaster: str = "trend", planner: PlannerSettings = _PLANNER,
+    def __init__(self, forecaster: str | Forecaster = "peak", planner: PlannerSettings = _PLANNER,
                  est: EstimateSettings = _EST, startup_horizon_s: float | None = None) -> None:
-        self.forecaster_name = forecaster
+        self.forecaster = forecaster
         self.planner = planner
         self.est = est
         self.memory: PlannerMemory | None = None
@@ -114,14 +116,21 @@ class RayscalePolicy(Policy):
         self.horizon_s = startup_horizon_s
         self.fc: Forecaster = FORECASTERS["last"]
 
+    @property
+    def forecaster_name(self) -> str:
+        return self.forecaster if isinstance(self.forecaster, str) else type(self.forecaster).__name__
+
     def warm_start(self, sim: Simulation) -> None:
-        if self.forecaster_name not in FORECASTERS:
-            raise ValueError(f"unknown forecaster {self.forecaster_name!r}; allowed: {sorted(FORECASTERS)}")
-        self.fc = FORECASTERS[self.forecaster_name]
-        if self.forecaster_name == "trend":
+        fc = self.forecaster
+        if isinstance(fc, str):
+            if fc not in FORECASTERS:
+                raise ValueError(f"unknown forecaster {fc!r}; allowed: {sorted(FORECASTERS)}")
+            fc = FORECASTERS[fc]
+        if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
             # Look as far ahead as ordered capacity takes to arrive (node start + replica start).
             horizon = self.horizon_s if self.horizon_s is not None else sim.typical_startup_s()
-            self.fc = TrendSeasonal(horizon=max(1, round(horizon / sim.cfg.history_window_s)))
+            fc = replace(fc, horizon=max(1, round(horizon / sim.cfg.history_window_s)))
+        self.fc = fc
         sig = sim.initial_signals()
         targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, sig, sim, 0.0, None, {}, self.fc,
                                                 self.est, self.planner)
@@ -165,64 +174,126 @@ class StaticPeakPolicy(Policy):
 
 
 class OraclePolicy(Policy):
+    """Perfect foresight, instant nodes, fluid packing: a lower bound on cost for the same SLO.
+
+    Method (bench/results/sim_policies.md repeats it):
+
+    1. Capacity at the SLO is *measured*, not predicted: for every flavor, rayscale.sim.capacity finds
+       the largest arrival rate per replica at which a pool of replicas of the very Engine and
+       EngineConfig the simulation runs, fed Poisson arrivals of this trace's own requests, serves
+       ``capacity.attainment`` (99%) of them within both SLO targets. The estimator's profile model is
+       not used for sizing: against this engine it is off by up to 3x (with chunked prefill it predicts
+       more than a replica sustains at 99% per-request attainment on slow-prefill flavors; without it,
+       less), and a bound must not inherit that error (the policies under test do; rayscale's corrections
+       chase it). Flavors are measured cheapest-first by the model's guess; a flavor that misses the SLO
+       at the rate it would need to be cheaper per request than one already measured is settled with
+       that one run (``cheapest_capacity``) and left out of the integer plan.
+    2. Perfect foresight: every control period the oracle knows the true arrival rate of the next
+       ``lookahead_s``.
+    3. Fluid packing, instant nodes: its reported cost is the integral of rate / capacity replicas of the
+       offering with the lowest $ per request/s (fractional replicas, started and stopped instantly;
+       spot at the flavor's maximum spot share), so it pays for no idle capacity, no start-up, no rounding
+       and no headroom. Poisson arrivals are smoother than the traces' (their within-minute bursts need
+       more capacity, never less), and the measuring pool (about 2,048 concurrent sequences: 64 A10G
+       or 16 L40S replicas of a 7B) is about as large as the largest pools the policies run here.
+
+    Its latency columns come from running its integer plan (the core planner fed the true next-minute
+    rate, or the last half minute's if higher, and the measured capacities at the estimator's target
+    utilisation; no hysteresis, instant nodes); that plan's cost is reported as ``integer_cost_usd``:
+    what perfect foresight and instant nodes would cost with whole replicas.
+    """
+
     name = "oracle"
     actuator = ActuatorConfig(provision_delay_s=0.0, instant=True, drain_timeout_s=3600.0)
 
     def __init__(self, lookahead_s: float = 60.0, est: EstimateSettings = _EST,
-                 planner: PlannerSettings = _PLANNER) -> None:
+                 planner: PlannerSettings = _PLANNER, capacity: CapacitySettings | None = None) -> None:
         self.lookahead_s = lookahead_s
         self.est = est
         # No hysteresis: with instant nodes the oracle follows demand exactly.
         self.planner = PlannerSettings(hysteresis_band=0.0, downscale_delay_s=0.0, min_dwell_s=0.0,
-                                       exact_max_vars=planner.exact_max_vars, solver=planner.solver)
+                                       dwell_covers_startup=False, exact_max_vars=planner.exact_max_vars,
+                                       solver=planner.solver)
+        self.capacity_settings = capacity
+        self.capacity: dict[str, MeasuredCapacity] = {}
         self.fluid_usd = 0.0
         self.fluid_dev_h = 0.0
+        self.memory: PlannerMemory | None = None
         self._last: float | None = None
         self._rate = (0.0, 0.0)
+        self._per_rps = (math.inf, 0.0)  # ($/h, devices) per request/s of the cheapest offering
 
-    def _signals(self, sim: Simulation, now: float) -> ModelSignals:
-        rate, mix = sim.future_load(now, self.lookahead_s)
-        return ModelSignals(sim.model, Freshness.FRESH, 0.0, rate, mix, waiting=0.0)
-
-    def _fluid(self, sim: Simulation, sig: ModelSignals) -> tuple[float, float]:
-        """($/h, devices) of the cheapest fractional capacity for this demand."""
-        d = estimate(sim.catalog, {sim.model: sig}, None, FORECASTERS["last"], self.est)[sim.model]
-        best = (math.inf, 0.0)
-        for f, cap in d.capacity.items():
-            if not cap.feasible:
-                continue
+    def measure(self, sim: Simulation) -> None:
+        """Capacity at the SLO per flavor, measured with the simulation's own Engine configuration."""
+        settings = self.capacity_settings or sim.cfg.oracle_capacity
+        mix = sim.trace_mix()
+        d = estimate(sim.catalog, {sim.model: ModelSignals(sim.model, Freshness.FRESH, 0.0, 1.0, mix)}, None,
+                     FORECASTERS["last"], replace(self.est, target_utilization=1.0))[sim.model]
+        offers, price, devices = [], {}, {}
+        for f in sim.flavors:
             fl = sim.catalog.flavors[f]
             shape = sim.cluster.shape(f, CapacityType.ON_DEMAND.value)
-            od = shape.nodes * sim.catalog.price(f, shape.instance_type, CapacityType.ON_DEMAND)
-            price = od
+            usd = shape.nodes * sim.catalog.price(f, shape.instance_type, CapacityType.ON_DEMAND)
             if CapacityType.SPOT in fl.capacity_types and fl.spot_max_share > 0:
                 spot = shape.nodes * sim.catalog.price(f, shape.instance_type, CapacityType.SPOT)
-                price = (1 - fl.spot_max_share) * od + fl.spot_max_share * spot
-            per_rps = price / cap.rps
-            if per_rps < best[0]:
-                devices = shape.nodes * fl.instance(shape.instance_type).devices
-                best = (per_rps, devices / cap.rps)
-        if not math.isfinite(best[0]):
+                usd = (1 - fl.spot_max_share) * usd + fl.spot_max_share * spot
+            price[f], devices[f] = usd, shape.nodes * fl.instance(shape.instance_type).devices
+            guess = d.capacity[f].rps if f in d.capacity and d.capacity[f].feasible else 0.0
+            offers.append((sim.catalog.profile(sim.model, f), usd, guess))
+        self.capacity = cheapest_capacity(offers, sim.spec.slo, sim.prompt, sim.output, sim.cfg.engine, settings,
+                                          sim.cfg.seed)
+        best = (math.inf, 0.0)
+        for f, c in self.capacity.items():
+            if c.rps > 0 and price[f] / c.rps < best[0]:
+                best = (price[f] / c.rps, devices[f] / c.rps)
+        self._per_rps = best
+
+    def _signals(self, sim: Simulation, now: float) -> ModelSignals:
+        # Near the end of the trace the window is cut at the last arrival (no phantom drop to zero).
+        end = float(sim.arr[-1])
+        rate, mix = sim.future_load(now, max(min(self.lookahead_s, end - now), sim.cfg.control_period_s))
+        return ModelSignals(sim.model, Freshness.FRESH, 0.0, rate, mix, waiting=0.0)
+
+    def _fluid(self, rate: float) -> tuple[float, float]:
+        """($/h, devices) of fractional replicas of the cheapest offering for this rate."""
+        if not math.isfinite(self._per_rps[0]):
             return 0.0, 0.0
-        return d.rps * best[0], d.rps * best[1]
+        return rate * self._per_rps[0], rate * self._per_rps[1]
+
+    def _targets(self, sim: Simulation, now: float) -> dict[tuple[str, str], int]:
+        sig = self._signals(sim, now)
+        self._rate = self._fluid(sig.arrival_rate_rps or 0.0)
+        # The integer plan also keeps what the last half minute brought: replicas still busy with a burst
+        # that just ended must not be drained onto the few that remain (the fluid bound needs no such care).
+        lo, hi = sim.count_arrivals(now - 30.0, now)
+        sig = replace(sig, arrival_rate_rps=max(sig.arrival_rate_rps or 0.0, (hi - lo) / 30.0))
+        d = estimate(sim.catalog, {sim.model: sig}, None, FORECASTERS["last"], self.est)[sim.model]
+        caps = {}
+        for f, cap in d.capacity.items():
+            m = self.capacity.get(f)
+            if m is None:
+                caps[f] = cap
+            elif m.rps > 0:
+                caps[f] = replace(cap, rps=m.rps * self.est.target_utilization, reason="")
+            else:
+                why = (f"measured: costlier per request than the cheapest flavor (< {m.below_rps:.3g} req/s)"
+                       if m.dominated else "measured: misses the SLO even nearly idle")
+                caps[f] = replace(cap, rps=0.0, reason=why)
+        d = replace(d, capacity=caps)
+        p, self.memory = plan(sim.catalog, {sim.model: d}, sim.cluster.current(), None, now, self.memory,
+                              self.planner)
+        return {(e.flavor, e.capacity_type): e.replicas for e in p.entries if e.model == sim.model}
 
     def warm_start(self, sim: Simulation) -> None:
+        self.measure(sim)
         self._last = 0.0
-        sig = self._signals(sim, 0.0)
-        self._rate = self._fluid(sim, sig)
-        targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, sig, sim, 0.0, None, {},
-                                                FORECASTERS["last"], self.est, self.planner)
-        for (f, ct), n in sorted(targets.items()):
+        for (f, ct), n in sorted(self._targets(sim, 0.0).items()):
             for _ in range(n):
                 sim.cluster.place_warm(f, ct, 0.0)
 
     def control(self, now: float, sim: Simulation) -> None:
         self.accrue(now)
-        sig = self._signals(sim, now)
-        self._rate = self._fluid(sim, sig)
-        targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, sig, sim, now, self.memory, {},
-                                                FORECASTERS["last"], self.est, self.planner)
-        _apply(sim, targets, now)
+        _apply(sim, self._targets(sim, now), now)
 
     def accrue(self, now: float) -> None:
         if self._last is not None and now > self._last:
@@ -232,7 +303,9 @@ class OraclePolicy(Policy):
         self._last = now
 
     def extra(self) -> dict[str, Any]:
-        return {"fluid_cost_usd": self.fluid_usd, "fluid_accelerator_hours": self.fluid_dev_h}
+        out: dict[str, Any] = {"fluid_cost_usd": self.fluid_usd, "fluid_accelerator_hours": self.fluid_dev_h}
+        out.update({f"capacity_rps_{f}": c.rps for f, c in sorted(self.capacity.items())})
+        return out
 
 
 class StockPolicy(Policy):
@@ -315,8 +388,12 @@ class StockPolicy(Policy):
         sim.cluster.set_target(self.cfg.flavor, CapacityType.ON_DEMAND.value, self.target, now)
 
 
-def make_policy(name: str, planner: PlannerSettings = _PLANNER, forecaster: str = "trend") -> Policy:
+def make_policy(name: str, planner: PlannerSettings = _PLANNER, forecaster: str = "peak",
+                downscale_delay_s: float | None = None) -> Policy:
+    """A policy by name; ``forecaster`` and ``downscale_delay_s`` (None: the planner's) are rayscale's."""
     if name == "rayscale":
+        if downscale_delay_s is not None:
+            planner = replace(planner, downscale_delay_s=downscale_delay_s)
         return RayscalePolicy(forecaster=forecaster, planner=planner)
     if name == "stock":
         return StockPolicy()

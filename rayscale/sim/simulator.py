@@ -19,6 +19,7 @@ import numpy as np
 from rayscale.core.catalog import Catalog
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
+from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, Cluster
 from rayscale.sim.engine import DONE, FAILED, Engine, EngineConfig, p95
 from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
@@ -35,11 +36,18 @@ class SimConfig:
     history_len: int = 120
     drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
     timeline_bucket_s: float = 60.0
-    forecaster: str = "trend"
+    # rayscale's settings in the simulator (bench/results/sim_policies.md, "rayscale settings"): the
+    # peak-hold seasonal forecaster and a scale-down delay about as long as a replica takes to start
+    # raised SLO attainment on every recorded trace over the previous ones (forecaster "trend", 120 s)
+    # and over the controller's (forecaster "last"). The live controller's defaults are unchanged.
+    forecaster: str = "peak"
+    rayscale_downscale_delay_s: float | None = 600.0  # None: planner.downscale_delay_s
     # The greedy solver keeps a 5 s control period affordable (the exact MILP costs 20-120 ms a call);
     # pass PlannerSettings(solver="auto") to replay the controller's default exactly.
     planner: PlannerSettings = field(default_factory=lambda: PlannerSettings(solver="greedy"))
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # How the oracle measures per-replica capacity at the SLO (rayscale.sim.capacity).
+    oracle_capacity: CapacitySettings = field(default_factory=CapacitySettings)
     cloud: CloudConfig = field(default_factory=CloudConfig)
 
     def __post_init__(self) -> None:
@@ -115,6 +123,10 @@ class Simulation:
         fl = [self.catalog.flavors[f].node_startup_s + self.catalog.profile(self.model, f).startup_s
               for f in self.flavors]
         return float(np.median(fl))
+
+    def count_arrivals(self, lo_t: float, hi_t: float) -> tuple[int, int]:
+        """Trace indices [lo, hi) of the arrivals in [lo_t, hi_t)."""
+        return self._count(lo_t, hi_t)
 
     def _count(self, lo_t: float, hi_t: float) -> tuple[int, int]:
         return (int(np.searchsorted(self.arr, lo_t, side="left")), int(np.searchsorted(self.arr, hi_t, side="left")))
@@ -258,7 +270,8 @@ class Simulation:
         extra = self.policy.extra()
         cost, dev_h = totals.cost_usd, totals.accelerator_hours
         if isinstance(self.policy, OraclePolicy):
-            extra = {"integer_cost_usd": cost, "integer_accelerator_hours": dev_h}
+            extra = {**{k: v for k, v in extra.items() if k.startswith("capacity_")},
+                     "integer_cost_usd": cost, "integer_accelerator_hours": dev_h}
             cost, dev_h = self.policy.fluid_usd, self.policy.fluid_dev_h
         return SimResult(
             policy=self.policy.name, trace=self.trace.name, model=self.model, requests=n,
@@ -326,5 +339,6 @@ def _progress(total: float, enabled: bool) -> Any:
 def simulate(catalog: Catalog, trace: Trace, policy: str | Policy, cfg: SimConfig = SimConfig(),
              progress: bool = False) -> SimResult:
     """Run one policy over a trace. ``policy`` is a name (rayscale, stock, static-peak, oracle) or a Policy."""
-    pol = make_policy(policy, cfg.planner, cfg.forecaster) if isinstance(policy, str) else policy
+    pol = (make_policy(policy, cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s)
+           if isinstance(policy, str) else policy)
     return Simulation(catalog, trace, pol, cfg).run(progress)

@@ -21,11 +21,14 @@ Modelled on ray-project/kuberay ``ray-operator/controllers/ray/raycluster_contro
 
 Scheduling and pod start are done by ``PodScheduler`` (run inside this stand-in unless
 ``schedule=False``): pods stay Pending when no Node fits their nodeSelector, tolerations and requests.
+Pods for which ``external_kubelet(pod)`` is true are bound but run by another stand-in
+(``rayscale.testing.raypods.RayPodKubelet``: a real Ray node per worker pod).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 from rayscale.testing.kubeapi import ApiError, Store, now_rfc3339
@@ -75,11 +78,16 @@ class KubeRayStandIn(StandIn):
         pod_start_delay: float = 0.0,
         clock: Clock | None = None,
         tick: float = 0.02,
+        external_kubelet: Callable[[Obj], bool] | None = None,
     ) -> None:
         super().__init__(store, clock=clock, tick=tick)
         self.clear_workers_to_delete = clear_workers_to_delete
         self.scheduler = (
-            PodScheduler(store, start_delay=pod_start_delay, clock=clock, tick=tick) if schedule else None
+            PodScheduler(
+                store, start_delay=pod_start_delay, clock=clock, tick=tick, external_kubelet=external_kubelet
+            )
+            if schedule
+            else None
         )
         self.deleted_pods: list[str] = []  # names deleted by this operator, in order
         self.created_pods: list[str] = []

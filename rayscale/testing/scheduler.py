@@ -4,7 +4,9 @@
 nodes whose labels satisfy the pod's nodeSelector and required node affinity, whose taints the pod
 tolerates and whose allocatable resources still fit the pod's requests; bound pods turn Running
 after ``start_delay``; pods whose node is gone are deleted (pod GC). Pods that fit nowhere stay
-Pending with ``PodScheduled=False, reason Unschedulable``, as in a real cluster.
+Pending with ``PodScheduled=False, reason Unschedulable``, as in a real cluster. Pods for which
+``external_kubelet(pod)`` is true are only bound: another stand-in runs them and sets their status
+(``rayscale.testing.raypods`` runs Ray worker pods as real Ray nodes).
 """
 
 from __future__ import annotations
@@ -241,10 +243,17 @@ class PodScheduler(StandIn):
     watched = ("pods", "nodes")
 
     def __init__(
-        self, store: Store, *, start_delay: float = 0.0, clock: Clock | None = None, tick: float = 0.02
+        self,
+        store: Store,
+        *,
+        start_delay: float = 0.0,
+        clock: Clock | None = None,
+        tick: float = 0.02,
+        external_kubelet: Callable[[Obj], bool] | None = None,
     ) -> None:
         super().__init__(store, clock=clock, tick=tick)
         self.start_delay = start_delay
+        self.external_kubelet = external_kubelet
         self._bound: dict[str, _Bound] = {}
 
     def step(self) -> None:
@@ -291,6 +300,8 @@ class PodScheduler(StandIn):
                 status["conditions"] = conds
                 self.store.patch("pods", name, {"status": status}, ns, subresource="status")
                 p = self.store.get("pods", name, ns)
+            if self.external_kubelet is not None and self.external_kubelet(p):
+                continue  # bound; its kubelet is another stand-in
             bound = self._bound.setdefault(uid, _Bound(now))
             if (p.get("status") or {}).get("phase") == "Pending" and now - bound.at >= self.start_delay:
                 self._run(p, by_name[node_name])

@@ -1,5 +1,8 @@
 """A small world for actuator tests: the HTTP emulator, the Karpenter and KubeRay stand-ins on a manual
-clock, the rendered RayCluster, and KubeActuators built on the official client."""
+clock, the rendered RayCluster, and KubeActuators built on the official client.
+
+``rendered`` and ``install_manifests`` are shared with the end-to-end test that closes the loop through
+Kubernetes on a real clock (tests/e2e/test_kube_controller.py)."""
 
 from __future__ import annotations
 
@@ -33,13 +36,14 @@ class World:
     kuberay: KubeRayStandIn
     clients: list[Any] = field(default_factory=list)
     act: KubeActuator | None = None
+    config: KubeActuatorConfig = field(
+        default_factory=lambda: KubeActuatorConfig(namespace=NS, raycluster=RC, retry=FAST_RETRY))
 
     def actuator(self) -> KubeActuator:
         """A fresh actuator (a restarted controller): no memory but what the cluster holds."""
         c = self.api.api_client()
         self.clients.append(c)
-        self.act = KubeActuator(self.catalog, c, KubeActuatorConfig(namespace=NS, raycluster=RC, retry=FAST_RETRY),
-                                seed=1)
+        self.act = KubeActuator(self.catalog, c, self.config, seed=1)
         return self.act
 
     def step(self, dt: float = 5.0) -> None:
@@ -77,19 +81,38 @@ class World:
             c.close()
 
 
-_RC: dict[int, dict[str, Any]] = {}
+_RENDERED: dict[int, tuple[Catalog, dict[str, list[dict[str, Any]]]]] = {}
+
+
+def _render(catalog: Catalog) -> dict[str, list[dict[str, Any]]]:
+    if id(catalog) not in _RENDERED or _RENDERED[id(catalog)][0] is not catalog:
+        files = render(catalog, RenderSettings(namespace=NS, raycluster=RC))
+        _RENDERED[id(catalog)] = (catalog, {p: [d for d in yaml.safe_load_all(t) if d] for p, t in files.items()})
+    return _RENDERED[id(catalog)][1]
+
+
+def rendered(catalog: Catalog, path: str) -> list[dict[str, Any]]:
+    """The documents `rayscale render` writes to ``path`` (rendered once per catalog)."""
+    return copy.deepcopy(_render(catalog)[path])
 
 
 def rendered_raycluster(catalog: Catalog) -> dict[str, Any]:
-    """The RayCluster `rayscale render` writes (rendered once per catalog)."""
-    if id(catalog) not in _RC:
-        files = render(catalog, RenderSettings(namespace=NS, raycluster=RC))
-        _RC[id(catalog)] = next(d for d in yaml.safe_load_all(files["deployments/k8s/raycluster.yaml"]) if d)
-    return copy.deepcopy(_RC[id(catalog)])
+    """The RayCluster `rayscale render` writes."""
+    return rendered(catalog, "deployments/k8s/raycluster.yaml")[0]
+
+
+def install_manifests(api: KubeAPIServer, catalog: Catalog, *, nodepools: bool = True) -> None:
+    """What a user applies: the rendered EC2NodeClasses and NodePools (the emulator validates them against
+    the real CRDs) and the rendered RayCluster."""
+    if nodepools:
+        for path in sorted(p for p in _render(catalog) if p.startswith("nodepools/")):
+            for doc in rendered(catalog, path):
+                api.store.create(doc["kind"], doc)
+    api.store.create("rayclusters", rendered_raycluster(catalog), NS)
 
 
 def make_world(api: KubeAPIServer, catalog: Catalog, delays: Delays | None = None) -> World:
-    api.store.create("rayclusters", rendered_raycluster(catalog), NS)
+    install_manifests(api, catalog, nodepools=False)
     clock = ManualClock()
     k = KarpenterStandIn(api.store, KarpenterConfig(delays=delays or Delays(launch=5, register=5, initialize=5)),
                          clock=clock)

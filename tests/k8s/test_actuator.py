@@ -14,7 +14,7 @@ from rayscale.controller.act import BackOff, CreateGang, DeleteGang, Gang, GangP
 from rayscale.core.catalog import Catalog
 from rayscale.testing.kubeapi import KubeAPIServer
 
-from .kubeworld import NS, World, make_world
+from .kubeworld import NS, RC, World, make_world, rendered
 
 BIG = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2 on A10G: two g5.12xlarge per gang
 GROUP = "a10g-g5-12xlarge"
@@ -251,6 +251,16 @@ def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world:
     w.act.mark_serving(g.name, False)
     w.act.delete_gang(g.name)
     w.until(lambda gs: w.claims() == [], what="released")
+    # `--rayservice`: the actuator reads the RayService to find the cluster it drives.
+    from dataclasses import replace
+
+    rs = rendered(w.catalog, "deployments/k8s/rayservice.yaml")[0]
+    rs["metadata"]["name"] = "llm"
+    w.api.store.create("rayservices", rs, NS)
+    w.api.store.patch("rayservices", "llm", {"status": {"activeServiceStatus": {"rayClusterName": RC}}}, NS,
+                      subresource="status")
+    w.config = replace(w.config, rayservice="llm")
+    w.actuator().gangs(w.clock.now())
     used = {(r.verb, r.resource.split("/")[0].split(".", 1)[0]) for r in w.api.requests}
     declared = {(v, res) for rule in CLUSTER_RULES + NAMESPACE_RULES for res in rule["resources"]
                 for v in rule["verbs"]}

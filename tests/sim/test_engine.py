@@ -11,6 +11,7 @@ from rayscale.sim.engine import DONE, Engine, EngineConfig
 CAT = load_catalog()
 PROF = CAT.profile("mistral-7b", "a10g")
 DEFAULT = EngineConfig()
+INDEPENDENT = EngineConfig(prefill_contention=False)  # the emulated engine's prefill: every request at full rate
 
 
 def run(arr, prompt, output, replicas=1, cfg=DEFAULT, profile=PROF, until=None, slot_cap=None):
@@ -33,13 +34,17 @@ def test_single_request_matches_profile_formula(contention, prompt, output, arri
     assert e.tpot[0] == pytest.approx(PROF.itl_s(1), rel=1e-5)
 
 
+def test_default_is_chunked_prefill():
+    assert EngineConfig().prefill_contention
+
+
 def test_batch_latency_grows_with_beta():
     n = 20  # all arrive together: TPOT = alpha + beta * 20 while the whole batch decodes
-    e = run([0.0] * n, [100] * n, [100] * n)
+    e = run([0.0] * n, [100] * n, [100] * n, cfg=INDEPENDENT)
     assert np.allclose(e.ttft, PROF.ttft_s(100), rtol=1e-5)
     assert np.allclose(e.tpot, PROF.itl_s(n), rtol=1e-4)
     steeper = PROF.model_copy(update={"itl_beta_s": PROF.itl_beta_s * 4})
-    e2 = run([0.0] * n, [100] * n, [100] * n, profile=steeper)
+    e2 = run([0.0] * n, [100] * n, [100] * n, profile=steeper, cfg=INDEPENDENT)
     assert np.allclose(e2.tpot, steeper.itl_s(n), rtol=1e-4)
     assert e2.tpot.mean() > e.tpot.mean()
 
@@ -58,10 +63,28 @@ def test_kv_capacity_makes_requests_wait():
     assert np.allclose(e.tpot, PROF.itl_s(1), rtol=1e-4)  # never batched together
 
 
+def test_prefill_is_shared_with_contention():
+    n = 20  # all arrive together, nothing decodes yet: prompts prefill one after another at the full rate
+    e = run([0.0] * n, [100] * n, [100] * n)
+    expected = PROF.overhead_s + np.arange(1, n + 1) * 100 / PROF.prefill_tokens_per_s
+    assert np.allclose(np.sort(e.ttft), expected, rtol=1e-4)
+    # Total prefill work is the same as without contention; only who waits for it differs.
+    assert np.sort(e.ttft)[-1] == pytest.approx(PROF.ttft_s(100 * n), rel=1e-4)
+
+
+def test_long_prompt_chunks_slow_running_decodes():
+    # One short request decoding; a long prompt arrives: its chunks ride in the short one's iterations.
+    alone = run([0.0], [100], [60])
+    shared = run([0.0, 0.5], [100, 8000], [60, 2])
+    assert alone.tpot[0] == pytest.approx(PROF.itl_s(1), rel=1e-5)
+    assert shared.tpot[0] > alone.tpot[0] + 8000 / PROF.prefill_tokens_per_s / 59 * 0.9
+    assert run([0.0, 0.5], [100, 8000], [60, 2], cfg=INDEPENDENT).tpot[0] < shared.tpot[0]
+
+
 def test_slot_cap_limits_batch_and_spreads_over_replicas():
-    e = run([0.0] * 10, [100] * 10, [50] * 10, replicas=2, slot_cap=5)
+    e = run([0.0] * 10, [100] * 10, [50] * 10, replicas=2, slot_cap=5, cfg=INDEPENDENT)
     assert np.allclose(e.tpot, PROF.itl_s(5), rtol=1e-4)  # 5 + 5 on two replicas
-    e = run([0.0] * 10, [100] * 10, [50] * 10, replicas=1, slot_cap=5)
+    e = run([0.0] * 10, [100] * 10, [50] * 10, replicas=1, slot_cap=5, cfg=INDEPENDENT)
     assert (e.ttft > PROF.ttft_s(100) + 49 * PROF.itl_s(5) - 1e-6).sum() == 5  # second five wait
 
 

@@ -24,6 +24,12 @@ and ``do-not-disrupt``; the worker group's replicas are lowered and ``scaleStrat
 names exactly the pods on the gang's Nodes, in one write (never while an earlier list is pending, as
 KubeRay asks); once those pods are gone the list is cleared, and only then the NodeClaims are deleted
 (Karpenter's finalizer drains and terminates the instances).
+
+RayService: KubeRay names the RayCluster of a RayService itself (``<rayservice>-<suffix>``) and makes a
+new one on every cluster upgrade. With ``rayservice`` set, each pass reads the RayService and drives
+the cluster its ``status.activeServiceStatus.rayClusterName`` names (``pendingServiceStatus`` only
+while there is no active one, as on first deploy). When neither names one, or the RayService is
+missing, the pass raises ``KubeError`` (and says why in ``last_errors``): no view, no decision.
 """
 
 from __future__ import annotations
@@ -79,6 +85,9 @@ OWNED = f"{LABEL_OWNER}={OWNER}"
 class KubeActuatorConfig:
     namespace: str = "rayscale"
     raycluster: str = "rayscale"
+    # A KubeRay RayService owning the RayCluster: its current cluster is read from its status each pass
+    # (then ``raycluster`` is not used).
+    rayservice: str | None = None
     node_class_group: str = "karpenter.k8s.aws"
     node_class_kind: str = "EC2NodeClass"
     # A member not Initialized this long after the gang was created fails the gang (x node_startup_s).
@@ -284,12 +293,37 @@ class KubeActuator:
             raise KubeError(f"kubernetes API: {e.status} {e.reason}") from e
 
     # --- reconcile -----------------------------------------------------------------------------------
+    def raycluster_name(self) -> str:
+        """The RayCluster this pass drives: ``config.raycluster``, or the one the RayService names."""
+        cfg = self.config
+        if not cfg.rayservice:
+            return cfg.raycluster
+        where = f"RayService {cfg.namespace}/{cfg.rayservice}"
+        try:
+            rs = self._raw(self.custom.get_namespaced_custom_object, *RAY, cfg.namespace, "rayservices",
+                           cfg.rayservice)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            self.last_errors = [f"{where} not found"]
+            raise KubeError(self.last_errors[0]) from e
+        status = rs.get("status") or {}
+        for which in ("activeServiceStatus", "pendingServiceStatus"):
+            name = (status.get(which) or {}).get("rayClusterName")
+            if name:
+                return str(name)
+        self.last_errors = [f"{where} names no RayCluster yet (status.activeServiceStatus.rayClusterName and "
+                            "status.pendingServiceStatus.rayClusterName are empty)"]
+        raise KubeError(self.last_errors[0])
+
     def _reconcile(self, now: float) -> list[Gang]:
         cfg = self.config
+        self.last_errors = []
+        rc_name = self.raycluster_name()
         claims = self._list_claims()
         nodes = {n["metadata"]["name"]: n for n in self._raw(self.core.list_node, label_selector=OWNED)["items"]}
         pods = self._raw(self.core.list_namespaced_pod, cfg.namespace,
-                         label_selector=f"ray.io/cluster={cfg.raycluster},ray.io/node-type=worker")["items"]
+                         label_selector=f"ray.io/cluster={rc_name},ray.io/node-type=worker")["items"]
         views = self._views(claims, nodes)
         for name, action in list(self._created.items()):
             if name not in views:  # every member vanished: Karpenter deleted them (e.g. capacity error)
@@ -299,7 +333,7 @@ class KubeActuator:
                 self._teardown_nodes(v)
             else:
                 self._advance(v, now)
-        pending = self._sync_groups(views, pods)
+        pending = self._sync_groups(views, pods, rc_name)
         pods_on: dict[str, int] = defaultdict(int)
         for p in pods:
             pods_on[(p.get("spec") or {}).get("nodeName") or ""] += 1
@@ -413,7 +447,7 @@ class KubeActuator:
                                                "annotations": {ANN_DO_NOT_DISRUPT: None}}})
                 n["metadata"].get("labels", {}).pop(LABEL_RAY_WORKER, None)
 
-    def _sync_groups(self, views: dict[str, _View], pods: list[Obj]) -> dict[str, bool]:
+    def _sync_groups(self, views: dict[str, _View], pods: list[Obj], rc_name: str) -> dict[str, bool]:
         """Worker-group replicas = admitted Nodes of live gangs; surplus pods named in workersToDelete.
 
         Returns, per group, whether a workersToDelete list is still pending after this pass."""
@@ -424,10 +458,10 @@ class KubeActuator:
         for attempt in range(self.config.conflict_retries):
             try:
                 rc = self._raw(self.custom.get_namespaced_custom_object, *RAY, self.config.namespace,
-                               "rayclusters", self.config.raycluster)
+                               "rayclusters", rc_name)
             except ApiException as e:
                 if e.status == 404:
-                    self.last_errors = [f"RayCluster {self.config.namespace}/{self.config.raycluster} not found"]
+                    self.last_errors = [f"RayCluster {self.config.namespace}/{rc_name} not found"]
                     return {}
                 raise
             pending, changed = self._plan_groups(rc, admitted, pods)
@@ -435,7 +469,7 @@ class KubeActuator:
                 return pending
             try:
                 self._call(self.custom.replace_namespaced_custom_object, *RAY, self.config.namespace,
-                           "rayclusters", self.config.raycluster, rc)
+                           "rayclusters", rc_name, rc)
                 return pending
             except ApiException as e:
                 if e.status != 409 or attempt == self.config.conflict_retries - 1:

@@ -1,0 +1,80 @@
+"""Forecasters the simulator explores (rayscale.core.forecast): season detection, horizon peak, peak hold."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rayscale.config import load_catalog
+from rayscale.core.forecast import FORECASTERS, Seasonal, TrendSeasonal, detect_season
+from rayscale.sim.policies import RayscalePolicy
+from rayscale.sim.simulator import SimConfig, Simulation
+from rayscale.sim.sources import load_spec
+
+
+def bursts(n: int, period: int = 30, start: int = 15, length: int = 5, base: float = 2.0, peak: float = 12.0,
+           noise: float = 0.3, seed: int = 0) -> list[float]:
+    rng = np.random.default_rng(seed)
+    x = [peak if (i - start) % period < length and i >= start else base for i in range(n)]
+    return [max(0.0, v + rng.normal(0, noise)) for v in x]
+
+
+def old_trend(history: list[float], current: float, alpha: float = 0.5, beta: float = 0.2, horizon: int = 6) -> float:
+    """TrendSeasonal without a season as it was before the horizon peak (the live 'trend' forecaster)."""
+    xs = [*history, current]
+    if len(xs) < 3:
+        return current
+    level, trend = xs[0], xs[1] - xs[0]
+    for x in xs[1:]:
+        prev = level
+        level = alpha * x + (1 - alpha) * (level + trend)
+        trend = beta * (level - prev) + (1 - beta) * trend
+    return max(current, level + horizon * trend)
+
+
+def test_detect_season_needs_two_periods_and_ignores_trends_and_noise():
+    assert detect_season(bursts(50)) == 0  # one burst seen: no pattern yet
+    assert detect_season(bursts(62)) == 30  # two periods of differences
+    assert detect_season(bursts(120, period=20, start=5)) == 20
+    rng = np.random.default_rng(1)
+    assert detect_season(list(5 + rng.normal(0, 1, 120))) == 0
+    assert detect_season([1 + 0.1 * i + 0.05 * rng.normal() for i in range(120)]) == 0  # a ramp is no season
+    assert detect_season([3.0] * 100) == 0
+
+
+def test_trend_without_season_is_unchanged():
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        h = list(np.abs(rng.normal(5, 2, int(rng.integers(0, 40)))))
+        cur = float(abs(rng.normal(5, 2)))
+        assert TrendSeasonal(horizon=10)(h, cur) == pytest.approx(old_trend(h, cur, horizon=10), rel=1e-12)
+
+
+def test_seasonal_forecast_covers_every_window_of_the_horizon():
+    h = bursts(100, noise=0.0)  # bursts at 15, 45, 75, 105: the next one is 5 windows after the history ends
+    s = TrendSeasonal(season=30, horizon=10)
+    assert s(h[:-1], h[-1]) > 9.0  # the burst in 5 windows is inside the horizon: keep capacity for it
+    assert TrendSeasonal(season=30, horizon=2)(h[:-1], h[-1]) < 4.0  # beyond a short horizon: not yet
+    auto = Seasonal(horizon=10)
+    assert auto(h[:-1], h[-1]) == pytest.approx(s(h[:-1], h[-1]))
+
+
+def test_peak_hold_never_below_recent_peak():
+    h = [2.0] * 20 + [12.0] * 3 + [2.0] * 10
+    assert Seasonal(peak_window=15)(h, 2.0) == 12.0
+    assert Seasonal(peak_window=5)(h, 2.0) < 3.0
+    assert Seasonal(peak_window=15)([], 2.0) == 2.0
+    assert set(FORECASTERS) >= {"last", "trend", "seasonal", "peak"}
+
+
+def test_policy_sets_the_horizon_from_startup_time():
+    cat = load_catalog()
+    tr = load_spec("gen:poisson:rate=1,hours=0.05", seed=0)
+    for fc in ("trend", "seasonal", Seasonal(peak_window=7)):
+        pol = RayscalePolicy(forecaster=fc)
+        sim = Simulation(cat, tr, pol, SimConfig())
+        pol.warm_start(sim)
+        assert pol.fc.horizon == round(sim.typical_startup_s() / 60)
+    pol = RayscalePolicy(forecaster="nope")
+    with pytest.raises(ValueError, match="unknown forecaster 'nope'"):
+        pol.warm_start(Simulation(cat, tr, pol, SimConfig()))
