@@ -38,6 +38,10 @@ class LocalActuatorConfig:
     max_worker_nodes: int = 3  # what this machine can run beside the head (2 cores, vLLM on CPU)
     capacity_errors: set[tuple[str, str]] = field(default_factory=set)  # (flavor, zone) that fail to launch
     drain_grace_s: float = 30.0
+    # A node whose start fails (on a busy small machine Ray's dashboard agent can miss the raylet's
+    # start-up deadline) is started again, as a kubelet restarts a crashed Ray pod; then the gang fails.
+    start_attempts: int = 3
+    node_start_timeout_s: float = 90.0
 
 
 @dataclass
@@ -56,6 +60,8 @@ class LocalActuator:
         self._launching: dict[str, _Launch] = {}
         self._deleting: set[str] = set()
         self._threads: list[threading.Thread] = []
+        # One node start at a time: concurrent `ray start`s on two cores are what time out the agent.
+        self._start_lock = threading.Lock()
 
     # --- injection, for tests and the demo -------------------------------------------------------
     def fail_zone(self, flavor: str, zone: str, failing: bool = True) -> None:
@@ -85,7 +91,7 @@ class LocalActuator:
             dead = [n for n in nodes if not n.alive]
             if launch and launch.error:
                 phase, reason = GangPhase.FAILED, launch.error
-            elif dead:
+            elif dead and not (launch and not launch.done):  # while launching, the launcher restarts it
                 phase, reason = GangPhase.FAILED, f"node {dead[0].id} exited (log {dead[0].log})"
             out.append(Gang(name, lb.get(LABEL_MODEL, ""), nodes[0].flavor, lb.get(LABEL_CAPACITY, "on-demand"),
                             lb.get(LABEL_ZONE, "local"), "local-" + nodes[0].flavor, size, phase,
@@ -155,13 +161,18 @@ class LocalActuator:
             LABEL_ZONE: a.zone, LABEL_SIZE: str(a.nodes), LABEL_CREATED: f"{la.created_s:.3f}",
         }
         for _ in range(a.nodes):
-            if la.done:
-                return
-            try:
-                self.cluster.add_node(flavor_spec(a.flavor, labels=labels), wait=False)
-            except Exception as e:  # a node that cannot start fails the whole gang
-                la.error = f"node start failed: {e}"
-                return
+            for attempt in range(1, self.config.start_attempts + 1):
+                if la.done:
+                    return
+                try:
+                    with self._start_lock:
+                        self.cluster.add_node(flavor_spec(a.flavor, labels=labels), wait=True,
+                                              timeout_s=self.config.node_start_timeout_s)
+                    break
+                except Exception as e:  # add_node removed the failed node; a last failure fails the gang
+                    if attempt == self.config.start_attempts:
+                        la.error = f"node start failed {attempt} times: {str(e)[:300]}"
+                        return
         la.done = True
 
     def _delete(self, name: str) -> None:
