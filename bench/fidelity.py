@@ -32,7 +32,6 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.common import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = Path(os.environ.get("RAYSCALE_TRACE", "/work/shared/traces/azure_llm_2023_code.csv"))
@@ -235,27 +236,6 @@ def versions() -> dict[str, str]:
 
     return {"ray": ray.__version__, "vllm": vllm.__version__, "torch": torch.__version__,
             "python": platform.python_version()}  # fmt: skip
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev, dirty = "?", ""
-    return (f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}; "
-            f"rayscale git {rev}{' + uncommitted changes' if dirty else ''}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
 
 
 def loadavg() -> str:

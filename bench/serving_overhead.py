@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.common import machine
+
 TRACE = Path(os.environ.get("RAYSCALE_TRACE", "/work/shared/traces/azure_llm_2023_code.csv"))
 RESULT = Path(__file__).parent / "results" / "serving_overhead.md"
 MAX_PROMPT, MAX_OUTPUT, MAX_MODEL_LEN = 384, 64, 1024
@@ -287,19 +289,6 @@ def versions() -> dict[str, str]:
     }
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}"
-
-
 def table(serve_r: dict[str, float], direct_r: dict[str, float]) -> str:
     rows = [
         ("output tokens/s", "tokens_per_s", True),
@@ -353,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         RESULT.write_text(
             "# Serving overhead: Ray Serve HTTP vs direct vLLM\n\n"
             f"- command: `{cmd.strip()}`\n"
-            f"- machine: {machine()}\n"
+            f"- machine: {machine(with_git=False)}\n"
             f"- versions: ray {v['ray']}, vllm {v['vllm']} (CPU build), torch {v['torch']}, python {v['python']}\n"
             f"- model: builtin tiny Qwen2 (rayscale.engines.tiny_model, dummy weights), "
             f"engine args {json.dumps({k: x for k, x in engine_args('<dir>').items() if k != 'model'})}\n"

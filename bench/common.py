@@ -1,0 +1,41 @@
+"""What every benchmark report states about where it ran: CPU, cores, memory, OS, and the code's git state."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "unknown CPU"
+
+
+def git_state() -> str:
+    """``<short sha>`` plus `` + uncommitted changes`` when the tree is dirty ("?" outside git)."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return f"{rev or '?'}{' + uncommitted changes' if dirty else ''}"
+
+
+def machine(with_git: bool = True) -> str:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    line = f"{cpu_model()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, {platform.system()} {platform.release()}"
+    if with_git:
+        line += f"; rayscale git {git_state()}; {time.strftime('%Y-%m-%d %H:%M %Z')}"
+    return line
