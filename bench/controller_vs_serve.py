@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import git_state
 from rayscale.testing.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -537,16 +538,9 @@ def machine() -> str:
     import ray
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        rev, dirty = "?", ""
     return (f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB, {platform.system()} "
             f"{platform.release()}; Python {platform.python_version()}, Ray {ray.__version__}; rayscale git "
-            f"{rev}{' + uncommitted changes' if dirty else ''}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
+            f"{git_state()}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
 
 
 def report(rows: list[dict[str, Any]], raw: dict[str, dict[str, Any]], slo_ttft: float, slo_tpot: float,
