@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from rayscale.config import load_catalog
+from rayscale.core.catalog import Catalog
 from rayscale.testing.kubeapi import KubeAPIServer
 
 
@@ -18,6 +20,12 @@ class Clients:
     core: client.CoreV1Api
     custom: client.CustomObjectsApi
     apps: client.AppsV1Api
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Catalog:
+    """The shipped catalog (read-only in these tests)."""
+    return load_catalog()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import yaml
 
 from rayscale.cluster.kube import KubeError
 from rayscale.cluster.render import CLUSTER_RULES, NAMESPACE_RULES
-from rayscale.config import load_catalog
 from rayscale.controller.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
 from rayscale.core.catalog import Catalog
 from rayscale.testing.kubeapi import KubeAPIServer
@@ -18,11 +17,6 @@ from .kubeworld import NS, RC, World, make_world, rendered
 
 BIG = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2 on A10G: two g5.12xlarge per gang
 GROUP = "a10g-g5-12xlarge"
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    return load_catalog()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from rayscale.cluster.kube import KubeError
-from rayscale.config import load_catalog
 from rayscale.controller.act import GangPhase
 from rayscale.core.catalog import Catalog
 from rayscale.testing.kubeapi import KubeAPIServer
@@ -24,11 +23,6 @@ from .kubeworld import NS, RC, World, make_world, rendered, rendered_raycluster
 from .test_actuator import GROUP, up
 
 RS = "llm"
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    return load_catalog()
 
 
 @pytest.fixture

@@ -13,15 +13,9 @@ import yaml
 from rayscale.cluster import crdschema
 from rayscale.cluster.render import RenderSettings, default_serve_configs, render
 from rayscale.commands import render as render_cmd
-from rayscale.config import load_catalog
 from rayscale.core.catalog import AcceleratorKind, Catalog
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def catalog() -> Catalog:
-    return load_catalog()
 
 
 @pytest.fixture(scope="module")
