@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import logging
 import os
 import platform
 import shutil
@@ -192,7 +193,7 @@ def run_rayscale(root: Path) -> dict[str, Any]:
     ctl = actuator = None
     try:
         cluster.start()
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False, namespace="bench")
+        ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False, namespace="bench")
         port = free_port()
         serve.start(http_options={"host": NODE_IP, "port": port}, proxy_location="HeadOnly")
         serve.run_many([serve.RunTarget(target=build_app({**app_args(cat), "app_name": APP}), name=APP,
@@ -200,7 +201,7 @@ def run_rayscale(root: Path) -> dict[str, Any]:
                        wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
         actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=LAUNCH_DELAY_S,
                                                               max_worker_nodes=MAX_WORKERS))
-        ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
+        ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url or ""), MetricsScraper(),
                          ControllerConfig(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0, app_name=APP,
                                           decision_log=root / "decisions.jsonl",
                                           planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
@@ -337,7 +338,7 @@ def run_stock(root: Path, max_ongoing: int | None) -> dict[str, Any]:
     try:
         os.environ["RAY_AUTH_MODE"] = "disabled"
         wait_for(lambda: head.poll() is None and _gcs_up(gcs_port), 90, "the head's GCS")
-        ray.init(address=f"{NODE_IP}:{gcs_port}", logging_level="ERROR", log_to_driver=False, namespace="bench")
+        ray.init(address=f"{NODE_IP}:{gcs_port}", logging_level=logging.ERROR, log_to_driver=False, namespace="bench")
         connected = True
         port = free_port()
         serve.start(http_options={"host": NODE_IP, "port": port}, proxy_location="HeadOnly")
@@ -653,16 +654,12 @@ STRUCTURAL = """\
   nodes for the rest of the 600 s downscale delay plus the 5 min idle timeout (~15 more minutes of up to 3
   nodes) beyond the horizon; the horizon hides that cost. It also hides nothing for rayscale if it is back
   at 1 node by then (see "nodes at 270 s").
-- **Cold replicas (an artifact of rayscale's emulated server, in both runs).** A fresh emulated replica is
-  RUNNING within a second, but its first request unpickles Ray Serve LLM's `CompletionRequest`, which
-  imports vLLM and torch: on this machine 10-20 s during which every request routed to that replica
-  stalls (the warm-up's 9 requests show it: TTFT p95 10-16 s). Serve routes to a new replica at once, and
-  with max_ongoing_requests 256 (rayscale, stock-mor256) its empty queue attracts many requests; with 5
-  (stock) at most 5 stall there. Every scale-up therefore costs a TTFT spike, and replica churn costs one
-  each time. The warm-up before t = 0 (needed so the first replica is warm) also fed both autoscalers:
-  Serve saw >2 ongoing requests per replica during the stalled warm-up and added a 2nd replica ~30 s later
-  (before the step). rayscale ordered a 2nd node at t = 5 s, at 0.4 req/s; its signals are kept in the
-  raw JSON (`records`) from now on, the recorded run below predates that.
+- **Replica start.** The emulated server imports Ray Serve LLM's request models (vLLM and torch) in its
+  constructor, so a replica is RUNNING only once it answers at full speed; on this machine that takes
+  10-30 s after `num_replicas` is raised, for both policies. A warm-up of 9 requests before t = 0 makes
+  the first replica warm. rayscale sizes the model with its declared `request_mix` (~100-token prompts,
+  32 out, `local_stand_in_catalog`) until requests finish, so the warm-up no longer orders nodes for the
+  generic 1,024/128-token mix; the controller's decision records are in the raw JSON (`records`).
 - **Ray's AutoscalingCluster.** `ray.cluster_utils.AutoscalingCluster` cannot be used as is: in the Ray 2.60
   wheel `ray/autoscaler/_private/fake_multi_node/example.yaml` is missing (FileNotFoundError), and its
   start/shutdown run `ray stop --force`, which kills every Ray process on the machine. The bench starts the

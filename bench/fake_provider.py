@@ -83,7 +83,7 @@ class DelayedFakeProvider(FakeMultiNodeProvider):
                 TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE,
             }
             all_tags.update(tags)
-            self._nodes[next_id] = {"tags": all_tags, "node": node}
+            self._nodes[next_id] = {"tags": all_tags, "node": node}  # type: ignore[dict-item]
 
     def terminate_node(self, node_id: str) -> None:
         super().terminate_node(node_id)

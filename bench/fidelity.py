@@ -6,7 +6,9 @@ per-request TTFT and TPOT (p50, p95; goal: within 10%).
 
 ~4 minutes with the default 2-minute replay (engine start 0.5-1 min, calibration 2 x ~20 s). Raw
 measurements go to --raw; ``--from-raw`` re-renders the report (and ``--write-profile`` writes the fitted
-profile into rayscale/data/profiles.yaml) without the engine. Run it on a quiet machine: the report warns
+profile into rayscale/data/profiles.yaml) without the engine. The measurements behind
+bench/results/fidelity.md are kept in bench/results/fidelity.raw.json: ``--raw bench/results/fidelity.raw.json
+--from-raw`` compares a changed simulator with them without vLLM. Run it on a quiet machine: the report warns
 when the client could not send on time or the load average exceeded the cores.
 
 1. Calibration (rayscale.engines.calibrate): one vLLM AsyncLLM in this process with the engine arguments

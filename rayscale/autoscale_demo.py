@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits
+from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits, RequestMixSpec
 
 MODEL = "mistral-7b"
 FLAVOR = "a10g"
@@ -32,7 +32,11 @@ def local_stand_in_catalog(max_replicas: int = 3) -> Catalog:
         # a local `ray start` node takes 5-20 s on two busy cores; the launch timeout is 3x this
         "node_startup_s": 20.0, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
         "limits": FlavorLimits(nodes=max_replicas), "spot_max_share": 0.0})
-    m = cat.models[MODEL].model_copy(update={"min_replicas": 1, "max_replicas": max_replicas})
+    # The demo's and the bench's requests (~100-token prompts, 32 out), declared as a user would, so the
+    # first minute is not sized for the generic 1,024/128 mix before any request has finished.
+    m = cat.models[MODEL].model_copy(update={
+        "min_replicas": 1, "max_replicas": max_replicas,
+        "request_mix": RequestMixSpec(prompt_mean=100, output_mean=32, prompt_p95=200)})
     p = cat.profile(MODEL, FLAVOR).model_copy(update={
         "startup_s": 5.0, "itl_alpha_s": 0.05, "itl_beta_s": 0.01,
         "source": "estimate: local stand-in, A10G profile slowed so one replica serves ~1 req/s"})

@@ -199,7 +199,9 @@ def tiny_vllm_app(deploy_app: Callable[..., Any], serve_url: str) -> str:
                 {
                     "name": EMULATED_MODEL,
                     "engine": "emulated",
-                    "max_model_len": 8192,
+                    # As the tiny model's: vLLM's per-request token histograms take their buckets from
+                    # max_model_len, and Ray keeps one bucket list per metric name in a cluster.
+                    "max_model_len": 1024,
                     "flavors": [
                         # Emulated replicas need no device here; the controller's tests place them on
                         # nodes with accelerator resources.

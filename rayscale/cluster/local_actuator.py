@@ -50,6 +50,10 @@ class _Launch:
     created_s: float
     error: str = ""
     done: bool = False
+    mono_s: float = field(default_factory=time.monotonic)
+    # When this machine began starting its first node, in the controller's clock: starts are serialised,
+    # so a gang queued behind another's start is not "stuck" while it waits its turn.
+    started_s: float | None = None
 
 
 class LocalActuator:
@@ -59,6 +63,7 @@ class LocalActuator:
         self._lock = threading.Lock()
         self._launching: dict[str, _Launch] = {}
         self._deleting: set[str] = set()
+        self._since: dict[str, tuple[GangPhase, float]] = {}  # gang -> (phase, entered at), once ready
         self._threads: list[threading.Thread] = []
         # One node start at a time: concurrent `ray start`s on two cores are what time out the agent.
         self._start_lock = threading.Lock()
@@ -96,7 +101,8 @@ class LocalActuator:
             out.append(Gang(name, lb.get(LABEL_MODEL, ""), nodes[0].flavor, lb.get(LABEL_CAPACITY, "on-demand"),
                             lb.get(LABEL_ZONE, "local"), "local-" + nodes[0].flavor, size, phase,
                             float(lb.get(LABEL_CREATED, now)), reason=reason,
-                            node_ids=tuple(str(n.ray_node_id) for n in up)))
+                            node_ids=tuple(str(n.ray_node_id) for n in up),
+                            since_s=self._phase_since(name, phase, now)))
         # Launches with no node started yet (in their delay, or failed before any node came up).
         for name, la in sorted(launching.items()):
             if name in members or name in deleting:
@@ -105,8 +111,29 @@ class LocalActuator:
                 continue  # started and since removed
             a = la.action
             out.append(Gang(name, a.model, a.flavor, a.capacity_type, a.zone, a.instance_type, a.nodes,
-                            GangPhase.FAILED if la.error else GangPhase.PENDING, la.created_s, reason=la.error))
+                            GangPhase.FAILED if la.error else GangPhase.PENDING, la.created_s, reason=la.error,
+                            since_s=None if la.error else (la.started_s if la.started_s is not None else now)))
         return out
+
+    def _phase_since(self, name: str, phase: GangPhase, now: float) -> float | None:
+        """When the gang entered ``phase`` as this process saw it (None: since creation, or unknown after
+        a restart: the launch timeout then runs from creation, as before)."""
+        with self._lock:
+            was = self._since.get(name)
+            if was is None:
+                if phase == GangPhase.READY:
+                    self._since[name] = (phase, now)  # from the first READY on, transitions count
+                    return now
+                la = self._launching.get(name)
+                if la is None or phase != GangPhase.PENDING or la.done:
+                    return None
+                # Waiting for its turn (launch delay, another gang's start) is not being stuck: the
+                # launcher's own timeouts bound that; the controller's clock starts at the node start.
+                return la.started_s if la.started_s is not None else now
+            if was[0] != phase:
+                self._since[name] = (phase, now)
+                return now
+            return was[1]
 
     def create_gang(self, action: CreateGang, now: float) -> None:
         with self._lock:
@@ -126,6 +153,7 @@ class LocalActuator:
             if name in self._deleting:
                 return
             self._deleting.add(name)
+            self._since.pop(name, None)
             la = self._launching.pop(name, None)
             if la:
                 la.done = True
@@ -166,6 +194,8 @@ class LocalActuator:
                     return
                 try:
                     with self._start_lock:
+                        if la.started_s is None:
+                            la.started_s = la.created_s + (time.monotonic() - la.mono_s)
                         self.cluster.add_node(flavor_spec(a.flavor, labels=labels), wait=True,
                                               timeout_s=self.config.node_start_timeout_s)
                     break

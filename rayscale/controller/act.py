@@ -42,6 +42,13 @@ class Gang:
     serving: int = 0  # Serve replicas running on its nodes
     reason: str = ""
     node_ids: tuple[str, ...] = ()  # members that are up (Ray node ids locally, Node names on Kubernetes)
+    # When it entered its phase; None: at creation. A ready gang that goes PENDING again (a restarted
+    # worker pod) gets a fresh launch timeout from here, not from its creation long ago.
+    since_s: float | None = None
+
+    @property
+    def phase_since_s(self) -> float:
+        return self.created_s if self.since_s is None else self.since_s
 
     @property
     def key(self) -> Key:
@@ -113,9 +120,10 @@ def decide(
     for g in sorted(gangs, key=lambda g: g.name):
         timeout = settings.launch_timeout_factor * catalog.flavors[g.flavor].node_startup_s \
             if g.flavor in catalog.flavors else 0.0
-        stuck = g.phase == GangPhase.PENDING and now - g.created_s > timeout
+        pending_s = now - g.phase_since_s
+        stuck = g.phase == GangPhase.PENDING and pending_s > timeout
         if g.phase == GangPhase.FAILED or stuck:
-            why = g.reason or (f"not up after {now - g.created_s:.0f}s" if stuck else "failed")
+            why = g.reason or (f"not up after {pending_s:.0f}s" if stuck else "failed")
             actions.append(DeleteGang(g.name, f"partial gang: {why}; deleting all {g.nodes} nodes"))
             zk = (g.flavor, g.zone, g.capacity_type)
             if zk not in backoffs:

@@ -29,7 +29,13 @@ from rayscale.controller.act import (
 )
 from rayscale.controller.serve_client import ServeClient, ServeSnapshot
 from rayscale.core.catalog import Catalog
-from rayscale.core.estimate import Correction, EstimateSettings, estimate, update_corrections
+from rayscale.core.estimate import (
+    Correction,
+    EstimateSettings,
+    correction_smoothing,
+    estimate,
+    update_corrections,
+)
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.route import flavor_weights
@@ -154,7 +160,8 @@ class Controller:
         # estimate
         s = time.perf_counter()
         signals = {m: self._with_history(sig) for m, sig in signals.items()}
-        self.corrections = update_corrections(self.catalog, signals, self.corrections)
+        self.corrections = update_corrections(self.catalog, signals, self.corrections,
+                                              smoothing=correction_smoothing(cfg.period_s))
         demands = estimate(self.catalog, signals, self.corrections, FORECASTERS[cfg.forecaster], cfg.estimate)
         dur["estimate"] = (time.perf_counter() - s) * 1000
 

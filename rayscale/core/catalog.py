@@ -60,6 +60,14 @@ class Parallelism(_Strict):
     pp: PositiveInt = 1
 
 
+class RequestMixSpec(_Strict):
+    """A model's expected request shape, for sizing before any request of it has finished."""
+
+    prompt_mean: PositiveFloat = Field(description="prompt tokens per request")
+    output_mean: PositiveFloat = Field(description="output tokens per request")
+    prompt_p95: PositiveFloat | None = Field(default=None, description="95th percentile prompt; default 2x mean")
+
+
 class ModelSpec(_Strict):
     name: str
     model: str = Field(description="served model path or hub id")
@@ -70,6 +78,8 @@ class ModelSpec(_Strict):
     priority: int = Field(default=0, ge=0, le=9, description="higher keeps capacity when it runs short")
     min_replicas: int = Field(default=0, ge=0)
     max_replicas: int = Field(default=64, ge=0)
+    request_mix: RequestMixSpec | None = Field(
+        default=None, description="expected mix until one is observed (default: 1,024-token prompts, 128 out)")
 
     _name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 

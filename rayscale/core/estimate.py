@@ -170,6 +170,15 @@ class EstimateSettings:
     headroom: float = 0.0  # extra fraction of demand to provision
 
 
+def prior_mix(catalog: Catalog, model: str) -> RequestMix:
+    """The mix to size with before one is observed: the model's declared ``request_mix``, else a generic
+    long-ish one (capacity not overstated; a short-request model then orders too much until it is seen)."""
+    spec = catalog.models[model].request_mix if model in catalog.models else None
+    if spec is None:
+        return RequestMix.default()
+    return RequestMix(spec.prompt_mean, spec.output_mean, spec.prompt_p95 or 2.0 * spec.prompt_mean)
+
+
 def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
              corrections: dict[tuple[str, str], Correction] | None = None,
              forecaster: Forecaster = last_value, settings: EstimateSettings = EstimateSettings(),
@@ -178,7 +187,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     corrections = corrections or {}
     out: dict[str, Demand] = {}
     none = Correction()
-    mixes = {name: ((sig.mix if sig and sig.mix else None) or RequestMix.default())
+    mixes = {name: (sig.mix if sig and sig.mix else None) or prior_mix(catalog, name)
              for name in catalog.models for sig in (signals.get(name),)}
     pairs = [(name, f) for name, spec in catalog.models.items() for f in spec.parallelism]
     profiles = catalog.profiles
@@ -214,13 +223,23 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
 
 # A p95 of fewer requests than this is mostly noise: one slow request would move capacity by half.
 MIN_CORRECTION_SAMPLES = 8
+# Corrections follow a persistent error over about this long, not one overloaded window: a 2 s period
+# weighs each window 6%, a 5 s one 15%.
+CORRECTION_TIME_CONSTANT_S = 30.0
+
+
+def correction_smoothing(period_s: float, time_constant_s: float = CORRECTION_TIME_CONSTANT_S) -> float:
+    """Weight of one period's observation: the same response in seconds whatever the control period."""
+    return 1.0 - math.exp(-period_s / time_constant_s)
 
 
 def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
                        previous: dict[tuple[str, str], Correction],
-                       min_samples: float = MIN_CORRECTION_SAMPLES) -> dict[tuple[str, str], Correction]:
+                       min_samples: float = MIN_CORRECTION_SAMPLES,
+                       smoothing: float = 0.3) -> dict[tuple[str, str], Correction]:
     """New corrections from observed latency per (model, flavor); unobserved pairs keep theirs, and so do
-    pairs whose window finished fewer than ``min_samples`` requests (when the count is known)."""
+    pairs whose window finished fewer than ``min_samples`` requests (when the count is known).
+    ``smoothing``: weight of this window (``correction_smoothing(period)`` in the loops)."""
     out = dict(previous)
     for name, sig in signals.items():
         if name not in catalog.models or not sig.usable or sig.mix is None:
@@ -235,13 +254,25 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
             # Compare with the batch the window ran at, not the gauge's instant value: by Little's law
             # the mean running sequences per replica are arrivals x output tokens x time per token.
             batch = obs.running_per_replica if obs.running_per_replica is not None else 1.0
+            if obs.running_max_replica is not None:
+                batch = max(batch, obs.running_max_replica)
             if obs.tpot_p95_s is not None and sig.arrival_rate_rps is not None:
                 share = obs.replicas / max(sum(o.replicas for o in sig.per_flavor.values()), 1)
                 little = sig.arrival_rate_rps * share / obs.replicas * mix.output_mean * obs.tpot_p95_s
                 batch = max(batch, little)
+            # TTFT: the profile predicts prefill, not queueing. Compare the engine's own prefill time
+            # (scheduled -> first token) with the mean prompt's when it is reported; otherwise TTFT p95,
+            # but only in a window without a backlog, where TTFT is (nearly) all prefill. Correcting on a
+            # queue would call the flavor slow and rule it out exactly when capacity is short.
+            if obs.prefill_mean_s is not None:
+                ttft_obs, ttft_pred = obs.prefill_mean_s, prof.ttft_s(mix.prompt_mean)
+            elif sig.waiting is None or sig.waiting > 0:
+                ttft_obs, ttft_pred = None, 0.0
+            else:
+                ttft_obs, ttft_pred = obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95)
             old = previous.get((name, flavor), Correction())
             out[(name, flavor)] = old.updated(
-                obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95),
-                obs.tpot_p95_s, tpot_at(prof, max(batch, 1.0), mix),
+                ttft_obs, ttft_pred,
+                obs.tpot_p95_s, tpot_at(prof, max(batch, 1.0), mix), smoothing=smoothing,
             )
     return out

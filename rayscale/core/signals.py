@@ -36,11 +36,17 @@ class FlavorObservation:
 
     replicas: int
     running_per_replica: float | None = None
+    # The busiest replica's running sequences, averaged over the window: TPOT p95 comes from the busiest
+    # replicas, so an uneven spread (a cold new replica) must not read as a slow profile. None: unknown.
+    running_max_replica: float | None = None
     ttft_p95_s: float | None = None
     tpot_p95_s: float | None = None
     prompt_mean: float | None = None
     # Requests that finished in the window (the latency quantiles' sample size); None: not known.
     completed: float | None = None
+    # Mean seconds from being scheduled to the first token (vLLM's request_prefill_time_seconds): TTFT
+    # without the queue, so a backlog does not read as a slow flavor. None: not known.
+    prefill_mean_s: float | None = None
 
 
 @dataclass(frozen=True)

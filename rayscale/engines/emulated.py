@@ -57,6 +57,8 @@ class EngineMetricsSink(Protocol):
     def observe_itl(self, seconds: float) -> None: ...
     def observe_tpot(self, seconds: float) -> None: ...
     def observe_e2e(self, seconds: float) -> None: ...
+    def observe_phases(self, queued_s: float, prefill_s: float) -> None: ...
+    def observe_request_tokens(self, prompt: int, generation: int) -> None: ...
     def add_tokens(self, prompt: int, generation: int) -> None: ...
 
 
@@ -74,6 +76,12 @@ class NullMetrics:
         pass
 
     def observe_e2e(self, seconds: float) -> None:
+        pass
+
+    def observe_phases(self, queued_s: float, prefill_s: float) -> None:
+        pass
+
+    def observe_request_tokens(self, prompt: int, generation: int) -> None:
         pass
 
     def add_tokens(self, prompt: int, generation: int) -> None:
@@ -182,6 +190,7 @@ class EmulatedEngine:
         try:
             await req.admitted.wait()
             admitted = True
+            scheduled = self._clock()
             await asyncio.sleep(p.overhead_s + prompt_tokens / p.prefill_tokens_per_s)
             first = self._clock()
             self.metrics.observe_ttft(first - start)
@@ -207,6 +216,9 @@ class EmulatedEngine:
                 # vLLM's request_time_per_output_token: decode time over tokens after the first.
                 self.metrics.observe_tpot((end - first) / (done - 1))
             self.metrics.observe_e2e(end - start)
+            # As vLLM: queued = arrival -> scheduled, prefill = scheduled -> first token, at finish.
+            self.metrics.observe_phases(scheduled - start, first - scheduled)
+            self.metrics.observe_request_tokens(prompt_tokens, done)
         finally:
             if admitted:
                 self._running -= 1

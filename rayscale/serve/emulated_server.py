@@ -60,7 +60,7 @@ class EmulatedLLMServer:
             self.profile,
             max_model_len=max_model_len,
             stream_interval_s=stream_interval_s,
-            metrics=EmulatedEngineMetrics(model_name),
+            metrics=EmulatedEngineMetrics(model_name, max_model_len),
         )
 
     async def check_health(self) -> None:

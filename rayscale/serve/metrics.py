@@ -30,6 +30,23 @@ E2E_BUCKETS = [
     480.0, 960.0, 1920.0, 7680.0,
 ]  # fmt: skip
 
+def tokens_buckets(max_value: int) -> list[float]:
+    """vLLM's 1-2-5 series for per-request token counts (buckets.build_1_2_5_buckets).
+
+    vLLM derives these buckets from max_model_len, and Ray keeps the first bucket list registered for a
+    metric name in the cluster: with two max_model_len values only one model exports the histogram. The
+    signal window then falls back to the token counter for the other (see rayscale.signals.window)."""
+    out: list[float] = []
+    exp = 1
+    while True:
+        for m in (1, 2, 5):
+            v = m * exp
+            if v > max_value:
+                return out
+            out.append(float(v))
+        exp *= 10
+
+
 # vLLM metric name -> name as Ray's Prometheus endpoint shows it (counters gain "_total").
 EXPORTED = {
     "vllm:num_requests_running": "ray_vllm_num_requests_running",
@@ -39,6 +56,10 @@ EXPORTED = {
     "vllm:request_time_per_output_token_seconds": "ray_vllm_request_time_per_output_token_seconds",
     "vllm:inter_token_latency_seconds": "ray_vllm_inter_token_latency_seconds",
     "vllm:e2e_request_latency_seconds": "ray_vllm_e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds": "ray_vllm_request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds": "ray_vllm_request_prefill_time_seconds",
+    "vllm:request_prompt_tokens": "ray_vllm_request_prompt_tokens",
+    "vllm:request_generation_tokens": "ray_vllm_request_generation_tokens",
     "vllm:prompt_tokens": "ray_vllm_prompt_tokens_total",
     "vllm:generation_tokens": "ray_vllm_generation_tokens_total",
 }
@@ -132,7 +153,7 @@ def rayscale_stat_logger_cls() -> type:
 class EmulatedEngineMetrics:
     """The emulated engine's metrics: same names, tag keys and buckets as the vLLM path."""
 
-    def __init__(self, served_model_name: str) -> None:
+    def __init__(self, served_model_name: str, max_model_len: int = 32768) -> None:
         from ray.util import metrics as rm
 
         ident = serve_identity()
@@ -168,6 +189,17 @@ class EmulatedEngineMetrics:
         )
         self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", ITL_BUCKETS)
         self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.", E2E_BUCKETS)
+        # Per finished request, as vLLM: the window's exact output mean comes from these (the generation
+        # counter also counts tokens of requests still running, which overstates it in a ramp).
+        self.req_prompt = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                            tokens_buckets(max_model_len))
+        self.req_gen = h("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                         tokens_buckets(max_model_len))
+        # vLLM records both when a request finishes, with its request-latency buckets (= E2E_BUCKETS).
+        self.queued = h("vllm:request_queue_time_seconds",
+                        "Histogram of time spent in WAITING phase for request.", E2E_BUCKETS)
+        self.prefill = h("vllm:request_prefill_time_seconds",
+                         "Histogram of time spent in PREFILL phase for request.", E2E_BUCKETS)
         self.set_queue(0, 0, 0.0)
 
     def set_queue(self, waiting: int, running: int, kv_usage: float) -> None:
@@ -186,6 +218,14 @@ class EmulatedEngineMetrics:
 
     def observe_e2e(self, seconds: float) -> None:
         self.e2e.observe(seconds, tags=self._tags)
+
+    def observe_phases(self, queued_s: float, prefill_s: float) -> None:
+        self.queued.observe(queued_s, tags=self._tags)
+        self.prefill.observe(prefill_s, tags=self._tags)
+
+    def observe_request_tokens(self, prompt: int, generation: int) -> None:
+        self.req_prompt.observe(prompt, tags=self._tags)
+        self.req_gen.observe(generation, tags=self._tags)
 
     def add_tokens(self, prompt: int, generation: int) -> None:
         if prompt:

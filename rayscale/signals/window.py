@@ -23,9 +23,11 @@ P = "ray_vllm_"
 TTFT = P + "time_to_first_token_seconds"
 TPOT = P + "request_time_per_output_token_seconds"
 E2E = P + "e2e_request_latency_seconds"
+PREFILL = P + "request_prefill_time_seconds"  # scheduled -> first token: TTFT without the queue
 PROMPT = P + "prompt_tokens_total"
 GEN = P + "generation_tokens_total"
 PROMPT_HIST = P + "request_prompt_tokens"
+GEN_HIST = P + "request_generation_tokens"  # per finished request: the exact output mean of the window
 RUNNING = P + "num_requests_running"
 WAITING = P + "num_requests_waiting"
 KV = P + "kv_cache_usage_perc"
@@ -145,6 +147,15 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
         else:
             for acc in accs:
                 acc.gauges[name].append(v)
+    # Each replica's running sequences over the window's scrapes (the batch its requests decoded at).
+    running_of: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for s in win:
+        for (name, lbls), v in s.series.items():
+            if name == RUNNING:
+                running_of[(_label(lbls, "model"), _label(lbls, "flavor"), _label(lbls, "ReplicaId"))].append(v)
+    busiest: dict[tuple[str, str], float] = {}
+    for (m, f, _), vs in running_of.items():
+        busiest[(m, f)] = max(busiest.get((m, f), 0.0), sum(vs) / len(vs))
     for m in all_models:
         age = now - last_seen[m] if m in last_seen else None
         if m not in last_seen:
@@ -163,7 +174,11 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
             if recent and recent[-1] is not first:
                 arrivals = max(arrivals, _arrival_rate(recent[-1], last, m))
         prompt_mean = a.counters.get(PROMPT, 0.0) / started if started else None
-        output_mean = a.counters.get(GEN, 0.0) / done if done else None
+        finished = a.counters.get(GEN_HIST + "_count", 0.0)
+        if finished:
+            output_mean: float | None = a.counters.get(GEN_HIST + "_sum", 0.0) / finished
+        else:  # engines without the histogram: tokens generated over requests finished (ramps overstate it)
+            output_mean = a.counters.get(GEN, 0.0) / done if done else None
         p95 = histogram_quantile(0.95, a.buckets.get(PROMPT_HIST, {}))
         mix = None
         if prompt_mean is not None and output_mean is not None:
@@ -174,13 +189,17 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
                 continue
             n = len(fa.replicas)
             fs = fa.counters.get(TTFT + "_count", 0.0)
+            pn = fa.counters.get(PREFILL + "_count", 0.0)
             flav[f] = FlavorObservation(
                 replicas=n,
                 running_per_replica=sum(fa.gauges.get(RUNNING, [])) / n if n else None,
+                running_max_replica=busiest.get((m, f)),
                 ttft_p95_s=histogram_quantile(0.95, fa.buckets.get(TTFT, {})),
                 tpot_p95_s=histogram_quantile(0.95, fa.buckets.get(TPOT, {})),
                 prompt_mean=fa.counters.get(PROMPT, 0.0) / fs if fs else None,
                 completed=fa.counters.get(TPOT + "_count", 0.0),
+                # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
+                prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
             )
         out[m] = ModelSignals(
             model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals, mix=mix,

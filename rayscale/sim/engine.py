@@ -114,6 +114,9 @@ class Engine:
         self.ttft = np.full(n, np.nan, dtype=np.float32)
         self.tpot = np.full(n, np.nan, dtype=np.float32)
         self.t_fin = np.full(n, np.nan, dtype=np.float64)
+        # Arrival to admission onto a replica: ttft - queue_s is the prefill time vLLM reports
+        # (request_prefill_time_seconds), which the controller's TTFT correction compares with the profile.
+        self.queue_s = np.full(n, np.nan, dtype=np.float32)
         self.flavor_of = np.full(n, -1, dtype=np.int16)  # flavor index of the replica that served it
         self.q_head = 0  # next trace index not yet admitted (the central FIFO queue is [q_head, arrived))
         self.arrived = 0
@@ -323,6 +326,7 @@ class Engine:
         self.p_req[m : m + k] = req
         self.p_rep[m : m + k] = rep
         self.p_tadm[m : m + k] = tadm
+        self.queue_s[req] = tadm - self.arr[req]  # vLLM's queued interval (router queue included)
         self.p_rem[m : m + k] = p
         if self.cfg.prefill_contention:
             self.p_tfirst[m : m + k] = np.nan

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rayscale.core.catalog import CapacityType, Catalog
-from rayscale.core.estimate import Correction, EstimateSettings, estimate, update_corrections
+from rayscale.core.estimate import (
+    Correction,
+    EstimateSettings,
+    correction_smoothing,
+    estimate,
+    update_corrections,
+)
 from rayscale.core.forecast import FORECASTERS, Forecaster
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
@@ -140,7 +146,8 @@ class RayscalePolicy(Policy):
 
     def control(self, now: float, sim: Simulation) -> None:
         sig = sim.signals(now)
-        self.corrections = update_corrections(sim.catalog, {sim.model: sig}, self.corrections)
+        self.corrections = update_corrections(sim.catalog, {sim.model: sig}, self.corrections,
+                                              smoothing=correction_smoothing(sim.cfg.control_period_s))
         targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, sig, sim, now, self.memory,
                                                 self.corrections, self.fc, self.est, self.planner,
                                                 dict(sim.cluster.unavailable))

@@ -190,6 +190,10 @@ class Simulation:
                 ttft_p95_s=p95(eng.ttft[sel]) if len(sel) else None,
                 tpot_p95_s=p95(sel_tpot) if len(sel_tpot) else None,
                 prompt_mean=float(self.prompt[sel].mean()) if len(sel) else None,
+                completed=float(len(sel)),
+                # TTFT without the queue: from admission onto a replica to the first token.
+                prefill_mean_s=(float(np.mean(eng.ttft[sel] - eng.queue_s[sel], dtype=np.float64))
+                                if len(sel) else None),
             )
         return ModelSignals(
             self.model, Freshness.FRESH, 0.0, rate, self._last_mix,

@@ -41,6 +41,17 @@ def test_partial_gang_times_out_is_deleted_whole_and_backed_off() -> None:
     assert new and new[0].zone == "us-east-1b"
 
 
+def test_launch_timeout_runs_from_when_the_gang_went_pending_not_from_creation() -> None:
+    """A gang that was ready for an hour and lost a worker pod is waited for, not deleted at once."""
+    from dataclasses import replace
+
+    timeout = 3.0 * CAT.flavors["a10g"].node_startup_s
+    again = replace(_gang(0, GangPhase.PENDING, serving=1, created=0.0), since_s=3600.0)
+    assert decide(CAT, {K: 1}, [again], {("qwen2-72b", "a10g"): 1}, {}, {}, now=3600.0 + timeout - 1) == []
+    acts = decide(CAT, {K: 1}, [again], {("qwen2-72b", "a10g"): 1}, {}, {}, now=3600.0 + timeout + 1)
+    assert any(isinstance(a, DeleteGang) and f"not up after {timeout + 1:.0f}s" in a.reason for a in acts)
+
+
 def test_capacity_error_fails_gang_and_every_zone_backed_off_creates_nothing() -> None:
     failed = Gang("qwen2-72b-a10g-od-0", *K, "us-east-1a", "g5.12xlarge", 2, GangPhase.FAILED, 0.0,
                   reason="InsufficientCapacityError")

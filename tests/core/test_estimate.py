@@ -132,3 +132,69 @@ def test_a_pessimistic_correction_never_zeroes_a_feasible_flavor() -> None:
 
     [v] = replica_capacities([PROF], [slo], [MIX], [Correction(tpot=4.0)])
     assert v == c
+
+
+def test_a_backlog_does_not_read_as_slow_prefill() -> None:
+    """TTFT p95 in a backlog is queueing: the TTFT correction comes from the engine's prefill time
+    (scheduled -> first token) when reported, is held in a backlogged window when not, and follows TTFT
+    p95 only when nothing waits."""
+    cat = load_catalog()
+    prof = cat.profile("mistral-7b", "a10g")
+    queued_p95 = 10 * prof.ttft_s(MIX.prompt_p95)
+
+    def sig(waiting: float | None, prefill_mean_s: float | None, ttft_p95_s: float) -> ModelSignals:
+        return ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0, MIX, waiting=waiting, per_flavor={
+            "a10g": FlavorObservation(replicas=1, running_per_replica=10, ttft_p95_s=ttft_p95_s,
+                                      prefill_mean_s=prefill_mean_s, completed=50)})
+
+    def ttft_corr(s: ModelSignals) -> float:
+        return update_corrections(cat, {"mistral-7b": s}, {})[("mistral-7b", "a10g")].ttft
+
+    assert ttft_corr(sig(40.0, None, queued_p95)) == 1.0  # backlog, no prefill time: hold
+    assert ttft_corr(sig(None, None, queued_p95)) == 1.0  # queue unknown: hold
+    # The engine says prefill ran as predicted: the queue does not move the correction.
+    assert ttft_corr(sig(40.0, prof.ttft_s(MIX.prompt_mean), queued_p95)) == pytest.approx(1.0)
+    assert ttft_corr(sig(40.0, 2 * prof.ttft_s(MIX.prompt_mean), queued_p95)) == pytest.approx(0.7 + 0.3 * 2)
+    # Nothing waiting: TTFT p95 is prefill, and a slow one counts.
+    assert ttft_corr(sig(0.0, None, 2 * prof.ttft_s(MIX.prompt_p95))) == pytest.approx(0.7 + 0.3 * 2)
+
+
+def test_a_declared_request_mix_sizes_the_model_before_any_request_finished() -> None:
+    """No finished request yet: a model that declares short requests is not sized for 1,024/128 tokens."""
+    from rayscale.core.catalog import RequestMixSpec
+
+    cat = load_catalog()
+    short = cat.model_copy(update={"models": {**cat.models, "mistral-7b": cat.models["mistral-7b"].model_copy(
+        update={"request_mix": RequestMixSpec(prompt_mean=100, output_mean=32)})}})
+    sig = {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0, None)}
+    generic = estimate(cat, sig)["mistral-7b"]
+    declared = estimate(short, sig)["mistral-7b"]
+    assert generic.mix == RequestMix.default()
+    assert (declared.mix.prompt_mean, declared.mix.output_mean, declared.mix.prompt_p95) == (100, 32, 200)
+    assert declared.capacity["a10g"].rps > 2 * generic.capacity["a10g"].rps
+    # Once a mix is observed it wins over the declaration.
+    seen = RequestMix(500.0, 64.0, 900.0)
+    sig_seen = {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0, seen)}
+    assert estimate(short, sig_seen)["mistral-7b"].mix == seen
+
+
+def test_tpot_correction_compares_with_the_busiest_replicas_batch_and_moves_by_time() -> None:
+    """A new replica that took no load yet halves the mean batch; TPOT p95 comes from the busy one."""
+    from rayscale.core.estimate import correction_smoothing
+
+    cat = load_catalog()
+    prof = cat.profile("mistral-7b", "a10g")
+    obs_tpot = tpot_at(prof, 40, MIX)  # the busy replica runs 40 sequences, exactly as profiled
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.01, MIX, per_flavor={
+        "a10g": FlavorObservation(replicas=2, running_per_replica=20.0, running_max_replica=40.0,
+                                  tpot_p95_s=obs_tpot, completed=50)})
+    assert update_corrections(cat, {"mistral-7b": sig}, {})[("mistral-7b", "a10g")].tpot == pytest.approx(1.0)
+    # The same observation on a 2 s period moves a correction 6% of the way, on 5 s 15%: ~30 s either way.
+    assert correction_smoothing(2.0) == pytest.approx(0.064, abs=0.001)
+    assert correction_smoothing(5.0) == pytest.approx(0.154, abs=0.001)
+    slow = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.01, MIX, per_flavor={
+        "a10g": FlavorObservation(replicas=1, running_max_replica=40.0, tpot_p95_s=2 * obs_tpot, completed=50)})
+    c: dict = {}
+    for _ in range(15):  # 30 s of 2 s periods
+        c = update_corrections(cat, {"mistral-7b": slow}, c, smoothing=correction_smoothing(2.0))
+    assert c[("mistral-7b", "a10g")].tpot == pytest.approx(1 + (1 - 1 / 2.718281828), abs=0.02)

@@ -260,3 +260,28 @@ def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world:
                 for v in rule["verbs"]}
     assert used == declared
     assert "*" not in yaml.safe_dump(CLUSTER_RULES + NAMESPACE_RULES)
+
+
+def test_a_ready_gang_whose_worker_pod_restarts_gets_a_fresh_timeout_not_deleted(world: World) -> None:
+    """A worker pod that crashes long after the gang came up makes it PENDING again; its launch timeout
+    counts from then (kept on the NodeClaim), so decide() waits for KubeRay's new pod instead of deleting
+    a gang that was serving."""
+    w = world
+    (g,) = up(w)
+    ann = "rayscale.io/phase-since"
+    assert w.claims(g.name)[0]["metadata"]["annotations"][ann].startswith("ready@")
+    w.clock.advance(10 * w.catalog.flavors["a10g"].node_startup_s)  # created long ago
+    victim = w.workers(GROUP)[0]
+    w.api.store.delete("pods", victim["metadata"]["name"], NS)
+    gangs = w.act.gangs(w.clock.now()) if w.act else []
+    (g2,) = gangs
+    assert g2.phase == GangPhase.PENDING and g2.since_s == pytest.approx(w.clock.now())
+    assert w.claims(g.name)[0]["metadata"]["annotations"][ann] == f"pending@{w.clock.now():.3f}"
+    assert not [a for a in act(w, {BIG: 1}, gangs) if isinstance(a, DeleteGang)]
+    # A restarted controller reads the same phase entry from the cluster.
+    w.actuator()
+    (g3,) = w.tick()
+    assert g3.phase == GangPhase.READY or g3.since_s == pytest.approx(g2.since_s)
+    (g4,) = w.until(ready(g.name), what="gang ready again on KubeRay's new pod")
+    assert g4.since_s is not None and g4.since_s >= g2.since_s
+    assert w.claims(g.name)[0]["metadata"]["annotations"][ann].startswith("ready@")

@@ -52,8 +52,9 @@ def test_inter_token_latency_grows_with_batch() -> None:
         return max((total - ttft) / 20 for ttft, total, _ in res)
 
     solo, crowd = asyncio.run(run(1)), asyncio.run(run(16))
-    assert solo == pytest.approx(0.014, abs=0.006)  # alpha + beta * 1
-    assert crowd == pytest.approx(0.074, abs=0.02)  # alpha + beta * 16
+    # Sleeps never end early, and a busy machine makes them late: bounds below tight, above loose.
+    assert 0.012 <= solo < 0.03  # alpha + beta * 1 = 0.014
+    assert 0.070 <= crowd < 0.10  # alpha + beta * 16 = 0.074
     assert crowd > 3 * solo
 
 
@@ -172,6 +173,8 @@ def test_emulated_model_served_via_openai_client_and_weighted_routing(tiny_vllm_
             "ray_vllm_generation_tokens_total",
             "ray_vllm_prompt_tokens_total",
             "ray_vllm_time_to_first_token_seconds_count",
+            "ray_vllm_request_prefill_time_seconds_count",  # TTFT without the queue, for corrections
+            "ray_vllm_request_generation_tokens_count",  # per finished request: the output mean
             "ray_vllm_num_requests_running",
             "ray_vllm_kv_cache_usage_perc",
         } <= names

@@ -176,6 +176,8 @@ def test_engine_metrics_per_model_flavor_replica(tiny_vllm_app: str) -> None:
         "ray_vllm_prompt_tokens_total",
         "ray_vllm_time_to_first_token_seconds_count",
         "ray_vllm_request_time_per_output_token_seconds_count",
+        "ray_vllm_request_prefill_time_seconds_count",  # the controller's TTFT correction reads it
+        "ray_vllm_request_generation_tokens_count",  # and the window's output mean
     ):
         found = _series(samples, name, **want)
         assert found, f"{name} missing for {want}"

@@ -8,6 +8,8 @@ from rayscale.core.signals import Freshness
 from rayscale.signals.window import (
     E2E,
     GEN,
+    GEN_HIST,
+    PREFILL,
     PROMPT,
     RUNNING,
     TTFT,
@@ -44,6 +46,48 @@ def test_rates_mix_and_quantiles_over_the_window() -> None:
     # All 50 new first tokens fell in (0.1, 1.0]: p95 interpolates inside that bucket.
     assert sig.ttft_p95_s == pytest.approx(0.1 + 0.9 * 0.95)
     assert sig.per_flavor["a10g"].replicas == 1
+
+
+def test_prefill_time_is_the_windows_exact_mean_and_absent_when_not_reported() -> None:
+    def rep(t: float, n: float, total_s: float) -> dict:
+        s = _rep("m", "a10g", "r1", t, n, n, 0, {})
+        lb = labels(model="m", flavor="a10g", ReplicaId="r1")
+        s[(PREFILL + "_count", lb)], s[(PREFILL + "_sum", lb)] = n, total_s
+        return s
+
+    # 40 requests in the window spent 2.0 s prefilling: 50 ms each (all below the first 0.3 s bucket).
+    sig = aggregate([Scrape(0.0, rep(0, 100, 10.0)), Scrape(10.0, rep(10, 140, 12.0))], now=10.0)["m"]
+    assert sig.per_flavor["a10g"].prefill_mean_s == pytest.approx(0.05)
+    plain = [Scrape(0.0, _rep("m", "a10g", "r1", 0, 1, 1, 0, {})), Scrape(10.0, _rep("m", "a10g", "r1", 10, 5, 5, 0, {}))]
+    assert aggregate(plain, now=10.0)["m"].per_flavor["a10g"].prefill_mean_s is None
+
+
+def test_output_mean_counts_finished_requests_only_when_the_engine_reports_them() -> None:
+    """In a ramp the generation counter includes tokens of requests still running: 40 finished requests
+    of 32 tokens, while running ones produced 600 more, is a 32-token mix, not 47."""
+    def rep(t: float, done: float) -> dict:
+        s = _rep("m", "a10g", "r1", t, done, done, 0, {})
+        lb = labels(model="m", flavor="a10g", ReplicaId="r1")
+        s[(GEN, lb)] = done * 32 + (600 if t else 0)
+        s[(GEN_HIST + "_count", lb)], s[(GEN_HIST + "_sum", lb)] = done, done * 32
+        return s
+
+    sig = aggregate([Scrape(0.0, rep(0, 10)), Scrape(10.0, rep(10, 50))], now=10.0)["m"]
+    assert sig.mix is not None and sig.mix.output_mean == pytest.approx(32.0)
+
+
+def test_busiest_replica_batch_is_its_mean_over_the_window() -> None:
+    def scrape(t: float, busy: float, idle: float) -> Scrape:
+        a = _rep("m", "a10g", "r1", t, t, t, 0, {})
+        b = _rep("m", "a10g", "r2", t, t, t, 0, {})
+        a[(RUNNING, labels(model="m", flavor="a10g", ReplicaId="r1"))] = busy
+        b[(RUNNING, labels(model="m", flavor="a10g", ReplicaId="r2"))] = idle
+        return Scrape(t, {**a, **b})
+
+    sig = aggregate([scrape(0, 30, 0), scrape(5, 40, 0), scrape(10, 20, 2)], now=10.0)["m"]
+    obs = sig.per_flavor["a10g"]
+    assert obs.running_max_replica == pytest.approx(30.0)  # r1's mean over the three scrapes
+    assert obs.running_per_replica == pytest.approx(11.0)  # the last scrape, spread over both
 
 
 def test_counter_reset_counts_from_zero() -> None:

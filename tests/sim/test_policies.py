@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from rayscale.commands import simulate as simulate_cmd
@@ -109,3 +110,19 @@ def test_cli_errors(capsys, tmp_path):
     assert "missing.csv" in capsys.readouterr().err
     assert cli_main(["simulate", "--trace", "gen:poisson", "--model", "nope"]) == 2
     assert "unknown model 'nope'" in capsys.readouterr().err
+
+
+def test_signals_count_completions_and_prefill_time_per_flavor():
+    sim = Simulation(CAT, TRACE.window(0, 900), StockPolicy(), SimConfig(seed=1))
+    sim.run()
+    now = max(t for t, _ in sim._done)
+    done = np.concatenate([d for t, d in sim._done if t >= now - sim.cfg.signal_window_s])
+    eng = sim.engine
+    obs = sim.signals(now).per_flavor
+    assert obs
+    for f, o in obs.items():
+        sel = done[eng.flavor_of[done] == sim.flavors.index(f)]
+        assert o.completed == len(sel)
+        prefill = eng.ttft[sel] - eng.queue_s[sel]  # TTFT without the wait for a replica
+        assert o.prefill_mean_s == pytest.approx(float(prefill.mean()), rel=1e-6)
+        assert (prefill > 0).all() and (eng.queue_s[sel] >= 0).all()

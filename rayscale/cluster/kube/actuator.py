@@ -60,6 +60,7 @@ from rayscale.cluster.kube.naming import (
     ANN_COMPLETE,
     ANN_DELETING,
     ANN_DO_NOT_DISRUPT,
+    ANN_PHASE_SINCE,
     L_CAPACITY_TYPE,
     L_INSTANCE_TYPE,
     L_ZONE,
@@ -535,7 +536,27 @@ class KubeActuator:
                 reason = f"{sum(_is_true(c, 'Initialized') for c in v.claims.values())}/{v.size} nodes initialized"
         return Gang(v.name, lb.get(LABEL_MODEL, ""), lb.get(LABEL_FLAVOR_KEY, ""),
                     lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type, v.size, phase,
-                    float(lb.get(LABEL_CREATED, now)), reason=reason, node_ids=node_ids)
+                    float(lb.get(LABEL_CREATED, now)), reason=reason, node_ids=node_ids,
+                    since_s=self._phase_since(v, phase, now))
+
+    def _phase_since(self, v: _View, phase: GangPhase, now: float) -> float | None:
+        """When the gang entered ``phase``, kept on member 0 from its first READY on (None: since creation).
+
+        Written at each transition only, in the controller's clock like created-at."""
+        first = v.claims.get(0)
+        if first is None or phase == GangPhase.FAILED:
+            return None
+        was, _, at = (_annotations(first).get(ANN_PHASE_SINCE) or "").partition("@")
+        if was == phase.value:
+            try:
+                return float(at)
+            except ValueError:
+                pass  # unreadable: write it again
+        elif not was and phase == GangPhase.PENDING:
+            return None  # never ready yet: its launch timeout runs from creation
+        self._patch_claim(first["metadata"]["name"],
+                          {"metadata": {"annotations": {ANN_PHASE_SINCE: f"{phase.value}@{now:.3f}"}}})
+        return now
 
 
 __all__ = ["KubeActuator", "KubeActuatorConfig", "KubeError"]
