@@ -125,7 +125,7 @@ class LocalActuator:
                     self._since[name] = (phase, now)  # from the first READY on, transitions count
                     return now
                 la = self._launching.get(name)
-                if la is None or phase != GangPhase.PENDING or la.done:
+                if la is None or phase != GangPhase.PENDING:
                     return None
                 # Waiting for its turn (launch delay, another gang's start) is not being stuck: the
                 # launcher's own timeouts bound that; the controller's clock starts at the node start.
