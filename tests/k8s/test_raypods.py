@@ -71,16 +71,23 @@ def store(api: KubeAPIServer) -> Store:
     return api.store
 
 
-def test_a_worker_pod_runs_as_a_ray_node_and_terminates_with_it(store: Store) -> None:
-    cluster = FakeCluster()
-    kubelet = RayPodKubelet(store, cluster, namespace="default", raycluster="rc")  # type: ignore[arg-type]
+def one_bound_worker_pod(store: Store, kubelet: RayPodKubelet) -> KubeRayStandIn:
+    """A GPU node from Karpenter and a one-worker RayCluster whose pod KubeRay created and bound; running
+    it is left to ``kubelet``."""
     kuberay = KubeRayStandIn(store, external_kubelet=kubelet.runs_pod)
     karpenter = KarpenterStandIn(store)
     store.create("nodeclaims", nodeclaim("g-0", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
     for _ in range(6):
         karpenter.step()
     store.create("rayclusters", raycluster("rc", replicas=1))
-    kuberay.step()  # creates the pod and binds it; the scheduler leaves running it to the kubelet
+    kuberay.step()
+    return kuberay
+
+
+def test_a_worker_pod_runs_as_a_ray_node_and_terminates_with_it(store: Store) -> None:
+    cluster = FakeCluster()
+    kubelet = RayPodKubelet(store, cluster, namespace="default", raycluster="rc")  # type: ignore[arg-type]
+    kuberay = one_bound_worker_pod(store, kubelet)
     (pod,) = pods(store)
     assert pod["spec"].get("nodeName") and pod["status"].get("phase") == "Pending"
     kubelet.step()
@@ -111,13 +118,7 @@ def test_a_worker_pod_runs_as_a_ray_node_and_terminates_with_it(store: Store) ->
 def test_a_failed_ray_start_is_restarted_like_a_container(store: Store) -> None:
     cluster = FakeCluster(failures=2)
     kubelet = RayPodKubelet(store, cluster, namespace="default", restart_backoff_s=0.01)  # type: ignore[arg-type]
-    kuberay = KubeRayStandIn(store, external_kubelet=kubelet.runs_pod)
-    karpenter = KarpenterStandIn(store)
-    store.create("nodeclaims", nodeclaim("g-0", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
-    for _ in range(6):
-        karpenter.step()
-    store.create("rayclusters", raycluster("rc", replicas=1))
-    kuberay.step()
+    one_bound_worker_pod(store, kubelet)
     kubelet.step()
     wait_for(lambda: pods(store)[0]["status"].get("phase") == "Running", 5, what="pod Running after restarts")
     (pod,) = pods(store)
