@@ -13,16 +13,17 @@ when the client could not send on time or the load average exceeded the cores.
 
 1. Calibration (rayscale.engines.calibrate): one vLLM AsyncLLM in this process with the engine arguments
    Serve deploys the tiny model with; TTFT at batch 1 for several prompt lengths, inter-token latency with
-   1..32 requests decoding together, once before and once after the replay; least-squares fit of the
+   1..32 requests decoding together, and the time of one iteration prefilling 1..16 prompts together (the
+   per-prompt engine cost prefill_seq_s), once before and once after the replay; least-squares fit of the
    Profile's latency model on both.
 2. Real replay: the slice's requests, open loop at their (time-compressed) arrival times, straight into
    the same AsyncLLM (no HTTP, no Serve: this measures the engine, see bench/serving_overhead.py for the
    serving stack). Prompts are random token ids of the trace's lengths; ``ignore_eos`` makes every output
    exactly the trace's length. TTFT counts from the scheduled arrival; TPOT = (last token - first token) /
    (output tokens - 1), as in the simulator.
-3. Simulation: rayscale.sim.engine.Engine with the calibrated profile, one replica from t = 0, no
-   controller; once as the simulator runs by default, once with ``prefill_contention`` (chunked prefill
-   shares the engine's iterations with decode).
+3. Simulation: rayscale.sim.engine.make_engine with the calibrated profile, one replica from t = 0, no
+   controller; once with the default fluid engine model (numpy per tick), once with the iteration-level
+   model (``EngineConfig(model="iteration")``: vLLM V1's scheduler, one engine iteration at a time).
 """
 
 from __future__ import annotations
@@ -132,12 +133,16 @@ async def replay(engine: Any, tr: Any, seed: int, timeout_s: float) -> Observed:
 # --- simulator -------------------------------------------------------------------------------------------
 
 
-def simulate(tr: Any, profile: Any, max_num_batched_tokens: int, contention: bool, tick_s: float) -> Observed:
-    """One replica from t = 0 and no controller: the simulator's Engine stepped directly."""
-    from rayscale.sim.engine import DONE, Engine, EngineConfig
+# Report name -> EngineConfig.model.
+VARIANTS = {"sim (fluid)": "fluid", "sim (iteration)": "iteration"}
 
-    cfg = EngineConfig(tick_s=tick_s, prefill_contention=contention, max_num_batched_tokens=max_num_batched_tokens)
-    eng = Engine(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, cfg, max_kv_tokens=profile.kv_tokens)
+
+def simulate(tr: Any, profile: Any, max_num_batched_tokens: int, model: str, tick_s: float) -> Observed:
+    """One replica from t = 0 and no controller: the simulator's engine model ``model`` stepped directly."""
+    from rayscale.sim.engine import DONE, EngineConfig, make_engine
+
+    cfg = EngineConfig(tick_s=tick_s, model=model, max_num_batched_tokens=max_num_batched_tokens)
+    eng = make_engine(tr.arrival_s, tr.prompt_tokens, tr.output_tokens, cfg, max_kv_tokens=profile.kv_tokens)
     eng.add_replica(profile, 0)
     n, t, end = len(tr), 0.0, tr.duration_s + DRAIN_S
     while t < end and (eng.in_flight or eng.q_head < n):
@@ -184,6 +189,12 @@ def err(sim: float, real: float) -> float:
     return (sim - real) / real
 
 
+def errors(sim: Observed, real: Observed) -> list[str]:
+    """(sim - real) / real of TTFT p50, TTFT p95, TPOT p50, TPOT p95, formatted."""
+    return [f"{err(pcts(getattr(sim, a))[k], pcts(getattr(real, a))[k]):+.1%}" for a in ("ttft_s", "tpot_s")
+            for k in (0, 1)]
+
+
 def comparison(real: Observed, sims: dict[str, Observed]) -> tuple[str, dict[str, bool]]:
     metrics = [("TTFT p50 (ms)", "ttft_s", 0), ("TTFT p95 (ms)", "ttft_s", 1),
                ("TPOT p50 (ms)", "tpot_s", 0), ("TPOT p95 (ms)", "tpot_s", 1)]  # fmt: skip
@@ -201,6 +212,19 @@ def comparison(real: Observed, sims: dict[str, Observed]) -> tuple[str, dict[str
             row += [ms(v), f"{e:+.1%}"]
         rows.append(row)
     return md_table(headers, rows), ok
+
+
+def reproducibility(raw: dict[str, Any], real: Observed) -> list[str]:
+    """Report lines for ``--real-repeats``: the later replays against the first, as the simulator is."""
+    again = raw.get("real_again") or []
+    if not again:
+        return []
+    reps = {f"real, replay {i + 2}": Observed(**{k: np.asarray(r[k], dtype=np.float64)
+                                                 for k in ("ttft_s", "tpot_s", "t_fin_s", "lag_s")},
+                                              failed=r["failed"]) for i, r in enumerate(again)}  # fmt: skip
+    tab, _ = comparison(real, reps)
+    return ["The same replay again on the same engine, back to back (`--real-repeats`), against the first: the "
+            "real engine's own spread on this machine, a floor under any model's error.\n", tab + "\n"]
 
 
 def plot(real: Observed, sims: dict[str, Observed], path: Path, title: str) -> None:
@@ -245,9 +269,12 @@ def loadavg() -> str:
 
 
 def profile_yaml(p: Any) -> str:
-    """The profiles.yaml entry, in that file's two-line flow style."""
+    """The profiles.yaml entry, in that file's two-line flow style; the optional prefill terms only when set
+    (0 is their default, and most profiles have not measured them)."""
+    extra = "".join(f"{k}: {getattr(p, k):g}, " for k in ("prefill_quadratic_s", "prefill_seq_s", "prefill_iteration_s")
+                    if getattr(p, k))
     return (f"  - {{model: {p.model}, flavor: {p.flavor}, prefill_tokens_per_s: {p.prefill_tokens_per_s:g}, "
-            f"overhead_s: {p.overhead_s:g}, itl_alpha_s: {p.itl_alpha_s:g}, itl_beta_s: {p.itl_beta_s:g}, "
+            f"overhead_s: {p.overhead_s:g}, {extra}itl_alpha_s: {p.itl_alpha_s:g}, itl_beta_s: {p.itl_beta_s:g}, "
             f"max_num_seqs: {p.max_num_seqs}, kv_tokens: {p.kv_tokens}, startup_s: {p.startup_s:g},\n"
             f"     source: {json.dumps(p.source)}}}\n")
 
@@ -291,30 +318,36 @@ def caution(raw: dict[str, Any], lag95: float) -> list[str]:
             "model. Re-run on a quiet machine.**\n"]
 
 
-ANALYSIS = """## Where the engine model and vLLM differ structurally
+ANALYSIS = """## Where the engine models and vLLM differ structurally
 
-- **Prefill is not free.** The simulator's default engine model charges a prompt only to its own TTFT; in
-  vLLM a prefill runs in the same engine iterations as everyone's decode (chunked prefill, up to
-  `max_num_batched_tokens` tokens per iteration), so prompts slow every running request's TPOT and queue
-  behind each other. The Azure code trace is prefill-heavy (prompts ~100x the outputs), so the default
-  model underestimates both TTFT and TPOT under load; `prefill_contention` models exactly this.
-- **Prefills batch, they do not queue one by one.** vLLM puts every waiting prompt that fits into the token
-  budget into the next iteration and all of them get their first token when that iteration ends; the
-  simulator prefills FIFO at `prefill_tokens_per_s` and the first of a burst is done after its own tokens.
-  A new request in vLLM also waits for the iteration in flight; the model has no such wait (overhead_s is
-  a constant). Both make the model's TTFT low under bursts, and the trace's arrivals come in clusters
-  (see the share of inter-arrival gaps under 5 ms above).
-- **The contention model assumes full chunks.** With `prefill_contention`, a tick whose prefill backlog
-  exceeds what the tick can clear is treated as saturated and every decode iteration is charged a whole
-  `max_num_batched_tokens` chunk (here ~0.1 s on two cores); vLLM charges only the tokens actually pending.
-  With ticks shorter than a chunk's time the model therefore slows decode too much (see the tick table);
-  with the default 0.25 s tick it averages over the tick instead.
-- **Prefill cost is convex.** On CPU, TTFT grows faster than linearly with the prompt (attention); the line
-  fitted up to 1024 tokens overestimates mid-length prompts and underestimates the longest (residuals).
-- **Two cores for three processes.** The AsyncLLM front end (this process), the engine core and the CPU
-  worker share two cores; per-token output handling is folded into the fitted ITL slope, per-request work
-  only partly into the overhead. On a shared machine, calibration and replay can also see different CPU
-  shares (compare the before/after fits and the client send lag).
+- **Fluid vs iteration.** The fluid model (the simulator's default, numpy per tick, fast enough for
+  day-long runs) shares a replica's prefill rate among its prompts within a tick and charges decode for
+  it, a whole `max_num_batched_tokens` chunk per iteration when the tick's prefill backlog exceeds what
+  the tick can clear; prompts finish one after another. The iteration model (`EngineConfig(model=
+  "iteration")`, rayscale.sim.iteration) steps vLLM V1's scheduler instead: each iteration serves the
+  running decodes first, then waiting prompts FIFO within the token budget (the last one chunked); every
+  prompt completed in an iteration gets its first token when that iteration ends, and a request arriving
+  mid-iteration waits for the next one. So a burst of prompts shares one long iteration, and the decodes
+  running beside it slow down by exactly the prompt tokens pending.
+- **Iteration cost.** itl_alpha_s + itl_beta_s d for d decodes, plus prefill_iteration_s when it carries
+  prompt tokens, plus per prompt chunk of k tokens (c already computed) prefill_seq_s + k /
+  prefill_tokens_per_s + prefill_quadratic_s (k² + 2kc); an iteration with prompts only starts from
+  min(itl_alpha_s + prefill_iteration_s, overhead_s - prefill_seq_s), and the rest of overhead_s is a
+  constant client-side latency. The quadratic term is attention, which makes prefill convex
+  in the prompt on CPU; a line fitted over 16..1024 tokens was off by up to 3.5 ms. prefill_seq_s is
+  measured (the prefill-batch rounds), not fitted to the replay: it sets how much a burst of short prompts
+  costs (in an offline trial on an earlier replay, 0 vs 1.3 ms moved the iteration model's TTFT p50 by ~25%).
+- **Still not modelled.** *Frontend CPU contention*: the AsyncLLM front end (this process: input
+  processing, output handling, streaming), the engine core and the CPU worker share two cores. Calibration
+  measures them at low load; under the replay's load the front end's per-request and per-token work takes
+  CPU from the engine, which the model's constant client latency and fitted slopes do not follow.
+  *Client send lag*: the real client sends late when it is busy (the send-lag percentiles above), and TTFT
+  counts from the scheduled arrival; the simulator's arrivals are exact. *Warm-up*: the engine is warmed by
+  the calibration, but allocator growth and first-seen shapes during the replay, and the machine's share
+  changing between calibration and replay (compare the before/after fits), have no counterpart in the
+  simulator. *Decode attention*: a decoding sequence's cost grows with its context (the quadratic term's
+  counterpart); the ITL is calibrated on 16-token prompts, and the model charges every decode the same.
+  *Fluid model*: it has no iterations, so it does not charge prefill_iteration_s.
 """
 MAX_LAG_S = 0.010
 
@@ -340,6 +373,11 @@ async def measure_all(args: argparse.Namespace, engine_args: dict[str, Any], tr:
         t = time.perf_counter()
         real = await replay(engine, tr, args.seed + 1, timeout_s=tr.duration_s + DRAIN_S)
         replay_s = time.perf_counter() - t
+        # The same replay again, back to back: how far the real engine is from itself on this machine.
+        again = []
+        for i in range(1, args.real_repeats):
+            log(f"replay {i + 1}/{args.real_repeats}")
+            again.append(await replay(engine, tr, args.seed + 1, timeout_s=tr.duration_s + DRAIN_S))
         # Measured again after the replay: on a shared machine the two differ when other load came or went,
         # and the fit uses both, so that it describes the machine the replay ran on.
         after = await measure(engine, replace(plan, seed=args.seed + 2, warmup_requests=0), progress=log)
@@ -354,11 +392,31 @@ async def measure_all(args: argparse.Namespace, engine_args: dict[str, Any], tr:
         "engine_up_s": up_s,
         "plan": asdict(plan),
         "samples": {"ttft": before.ttft + after.ttft, "itl": before.itl + after.itl,
-                    "before": {"ttft": before.ttft, "itl": before.itl}, "after": {"ttft": after.ttft, "itl": after.itl},
+                    "prefill_batch": before.prefill_batch + after.prefill_batch,
+                    "prefill_batch_dropped": before.prefill_batch_dropped + after.prefill_batch_dropped,
+                    **{k: {"ttft": x.ttft, "itl": x.itl, "prefill_batch": x.prefill_batch,
+                           "prefill_batch_dropped": x.prefill_batch_dropped} for k, x in (("before", before),
+                                                                                          ("after", after))},
                     "limits": asdict(before.limits), "wall_s": before.wall_s + after.wall_s},
         "real": {"ttft_s": floats(real.ttft_s), "tpot_s": floats(real.tpot_s), "t_fin_s": floats(real.t_fin_s),
                  "lag_s": floats(real.lag_s), "failed": real.failed, "wall_s": replay_s},
+        "real_again": [{"ttft_s": floats(o.ttft_s), "tpot_s": floats(o.tpot_s), "t_fin_s": floats(o.t_fin_s),
+                        "lag_s": floats(o.lag_s), "failed": o.failed} for o in again],
     }  # fmt: skip
+
+
+def _tuples(xs: list[Any]) -> list[tuple[int, float]]:
+    return [(int(a), float(b)) for a, b in xs]
+
+
+def calibrate_part(part: dict[str, Any], batch_prompt_tokens: int) -> Any:
+    """The fit of one set of samples; without prefill-batch samples (raw files from before them)
+    prefill_seq_s is 0."""
+    from rayscale.engines.calibrate import fit_profile_params
+
+    pb = part.get("prefill_batch")
+    return fit_profile_params(_tuples(part["ttft"]), _tuples(part["itl"]), None if pb is None else _tuples(pb),
+                              batch_prompt_tokens)
 
 
 def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick_s: float,
@@ -366,87 +424,142 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
     from rayscale.engines.calibrate import (
         TINY_MAX_MODEL_LEN,
         CalibrationError,
+        CalibrationPlan,
         EngineLimits,
         calibrated_profile,
-        fit_profile_params,
     )
 
     a = raw["args"]
     tr = trace_slice(**{k: a[k] for k in SLICE_ARGS}, max_model_len=TINY_MAX_MODEL_LEN)
-    sm, rr = raw["samples"], raw["real"]
+    sm, rr, plan = raw["samples"], raw["real"], raw["plan"]
     lim = EngineLimits(**sm["limits"])
-    cal = fit_profile_params([tuple(x) for x in sm["ttft"]], [tuple(x) for x in sm["itl"]])
+    n_pb = int(plan.get("prefill_batch_prompt_tokens", CalibrationPlan.prefill_batch_prompt_tokens))
+    cal = calibrate_part(sm, n_pb)
     profile = calibrated_profile(cal, lim, source_string(raw))
     real = Observed(**{k: np.asarray(rr[k], dtype=np.float64) for k in ("ttft_s", "tpot_s", "t_fin_s", "lag_s")},
                     failed=rr["failed"])
 
     def run_sims(tick: float) -> dict[str, Observed]:
-        return {"sim": simulate(tr, profile, lim.max_num_batched_tokens, False, tick),
-                "sim, prefill contention": simulate(tr, profile, lim.max_num_batched_tokens, True, tick)}
+        return {name: simulate(tr, profile, lim.max_num_batched_tokens, model, tick)
+                for name, model in VARIANTS.items()}  # fmt: skip
 
     sims = run_sims(sim_tick_s)
+    tf, itf, bf = cal.ttft_fit, cal.itl_fit, cal.batch_fit
+    held = f" (fit held {' and '.join(tf.held_at_zero)} at 0)" if tf.constrained else ""
+    if bf is not None:
+        assert cal.prefill_seq_raw_s is not None
+        seq_from = (f"prefill-batch slope {bf.slope * 1e3:.3f} ms/prompt - n/R - q n² at n = {n_pb}"
+                    + (f"; {cal.prefill_seq_clip} from {cal.prefill_seq_raw_s * 1e3:+.3f} ms"
+                       if cal.prefill_seq_clip else ""))  # fmt: skip
+        seq_r2 = f"{bf.r2:.4f}"
+    else:
+        seq_from, seq_r2 = "not measured (raw file from before the prefill-batch measurement): 0", ""
     fit_rows: list[list[Any]] = [
-        ["overhead_s", f"{profile.overhead_s * 1e3:.2f} ms", "TTFT intercept at batch 1" + (" (fit constrained to >= 0)" if cal.ttft_fit.constrained else ""),
-         f"{cal.ttft_fit.r2:.4f}"],
-        ["prefill_tokens_per_s", f"{profile.prefill_tokens_per_s:.0f}", "1 / TTFT slope", ""],
-        ["itl_alpha_s", f"{profile.itl_alpha_s * 1e3:.3f} ms", "ITL intercept", f"{cal.itl_fit.r2:.4f}"],
+        ["overhead_s", f"{profile.overhead_s * 1e3:.2f} ms", "TTFT at 0 prompt tokens, batch 1" + held,
+         f"{tf.r2:.4f}"],
+        ["prefill_tokens_per_s", f"{profile.prefill_tokens_per_s:.0f}", "1 / TTFT linear coefficient", ""],
+        ["prefill_quadratic_s", f"{profile.prefill_quadratic_s:.3g} s/token²", "TTFT quadratic coefficient", ""],
+        ["prefill_seq_s", f"{profile.prefill_seq_s * 1e3:.3f} ms", seq_from, seq_r2],
+        ["prefill_iteration_s", f"{profile.prefill_iteration_s * 1e3:.3f} ms",
+         "prefill-batch base - itl_s(1)" if bf is not None else "not measured: 0", ""],
+        ["itl_alpha_s", f"{profile.itl_alpha_s * 1e3:.3f} ms", "ITL intercept", f"{itf.r2:.4f}"],
         ["itl_beta_s", f"{profile.itl_beta_s * 1e3:.4f} ms", "ITL slope per running sequence", ""],
         ["max_num_seqs", profile.max_num_seqs, "engine scheduler config", ""],
         ["kv_tokens", profile.kv_tokens, f"engine: {lim.kv_blocks} KV blocks x {lim.block_size} tokens", ""],
-    ]
-    tf, itf = cal.ttft_fit, cal.itl_fit
+    ]  # fmt: skip
     ttft_tab = md_table(
-        ["prompt tokens", "samples", "median TTFT (ms)", "fit (ms)", "residual (ms)"],
+        ["prompt tokens", "samples", "median TTFT (ms)", "quadratic fit (ms)", "residual (ms)"],
         [[int(x), sum(1 for p, _ in sm["ttft"] if p == x), ms(y), ms(tf(x)), f"{r * 1e3:+.2f}"]
          for x, y, r in zip(tf.x, tf.y, tf.residuals, strict=True)])  # fmt: skip
     itl_tab = md_table(
         ["running batch", "samples", "median ITL (ms)", "fit (ms)", "residual (ms)"],
         [[int(x), sum(1 for b, _ in sm["itl"] if b == x), f"{y * 1e3:.3f}", f"{itf(x) * 1e3:.3f}",
           f"{r * 1e3:+.3f}"] for x, y, r in zip(itf.x, itf.y, itf.residuals, strict=True)])  # fmt: skip
-    drift_rows = []
+    dropped = [(int(k), str(w)) for k, w in sm.get("prefill_batch_dropped", [])]
+    if bf is not None:
+        batch_tab = md_table(
+            ["prompts k", "samples", "dropped", "median iteration (ms)", "fit (ms)", "residual (ms)"],
+            [[int(x), sum(1 for k, _ in sm["prefill_batch"] if k == x), sum(1 for k, _ in dropped if k == x),
+              f"{y * 1e3:.3f}", f"{bf(x) * 1e3:.3f}", f"{r * 1e3:+.3f}"]
+             for x, y, r in zip(bf.x, bf.y, bf.residuals, strict=True)])  # fmt: skip
+        reasons: dict[str, int] = {}
+        for _, w in dropped:
+            reasons[w] = reasons.get(w, 0) + 1
+        n_rounds = len(sm["prefill_batch"]) + len(dropped)
+        itl1 = itf(1)
+        batch_text = (
+            f"Prefill batch: a blocker request ({plan['blocker_prompt_tokens']} prompt tokens, 2 output tokens), "
+            f"then {plan['blocker_lead_s'] * 1e3:g} ms later k requests of {n_pb} prompt tokens and 1 output "
+            "token, sent without waiting between them: they reach the engine core while the blocker's prefill "
+            "runs, and vLLM V1 schedules them all in the next iteration, after the blocker's decode token. The "
+            "sample is the median of their first-token times minus the blocker's first token, on the engine core's "
+            "clock (vLLM's per-request stats; the client's clock mixed in its own delays); a round counts only "
+            "when the k first tokens and the blocker's second lie within "
+            f"{plan['prefill_batch_max_spread']:.2g} of that time of each other. k in "
+            f"{tuple(plan['prefill_batch_sizes'])}, {plan['prefill_batch_repeats']} rounds each, interleaved. "
+            f"Dropped: {len(dropped)} of {n_rounds} rounds"
+            + (" (" + "; ".join(f"{w}: {c}" for w, c in sorted(reasons.items())) + ")" if reasons else "")
+            + f". Fit: iteration(k) = {bf.intercept * 1e3:.3f} ms + k x {bf.slope * 1e3:.3f} ms. Consistency: the "
+            f"base should be one decode's iteration, itl_s(1) = {itl1 * 1e3:.3f} ms "
+            f"({bf.intercept / itl1 - 1:+.0%}); the slope is prefill_seq_s + n/R ({n_pb / cal.prefill_tokens_per_s * 1e3:.3f} ms) "
+            f"+ q n² ({cal.prefill_quadratic_s * n_pb**2 * 1e3:.3f} ms).\n"
+        )  # fmt: skip
+    else:
+        batch_tab, batch_text = "", (
+            "**This raw file predates the prefill-batch measurement: prefill_seq_s is not measured and is 0** "
+            "(the iteration model then charges a prompt only its tokens, and puts all of overhead_s outside the "
+            "engine). Re-run the benchmark to measure it.\n")  # fmt: skip
+    # Each calibration alone: its fit (how much the machine changed between them), and the same replay
+    # simulated with it (how much of the error is that change rather than the model).
+    drift_rows, by_cal_rows = [], []
     for label, part in (("before the replay", sm.get("before")), ("after the replay", sm.get("after")),
                         ("both (used)", sm)):
         if not part or not part["ttft"]:
             continue
         try:
-            c = fit_profile_params([tuple(x) for x in part["ttft"]], [tuple(x) for x in part["itl"]])
+            c = calibrate_part(part, n_pb)
+            p_part = calibrated_profile(c, lim, source_string(raw))
         except CalibrationError as e:
-            drift_rows.append([label, f"no fit: {e}", "", "", ""])
+            drift_rows.append([label, f"no fit: {e}", "", "", "", "", ""])
             continue
+        seq = ("not measured" if c.batch_fit is None else f"{c.prefill_seq_s * 1e3:.3f}"
+               + (f" ({c.prefill_seq_clip} from {c.prefill_seq_raw_s * 1e3:+.3f})" if c.prefill_seq_clip else ""))
         drift_rows.append([label, f"{c.overhead_s * 1e3:.2f}", f"{c.prefill_tokens_per_s:.0f}",
-                           f"{c.itl_alpha_s * 1e3:.3f}", f"{c.itl_beta_s * 1e3:.4f}"])
-    drift_tab = md_table(["calibration", "overhead (ms)", "prefill tokens/s", "ITL alpha (ms)", "ITL beta (ms)"],
-                         drift_rows)
+                           f"{c.prefill_quadratic_s * 1e9:.1f}", seq, f"{c.itl_alpha_s * 1e3:.3f}",
+                           f"{c.itl_beta_s * 1e3:.4f}"])  # fmt: skip
+        for name, model in VARIANTS.items():
+            s_part = simulate(tr, p_part, lim.max_num_batched_tokens, model, sim_tick_s)
+            by_cal_rows.append([label, name, *errors(s_part, real)])
+    drift_tab = md_table(["calibration", "overhead (ms)", "prefill tokens/s", "q (ns/token²)", "prefill_seq (ms)",
+                          "ITL alpha (ms)", "ITL beta (ms)"], drift_rows)  # fmt: skip
     cmp_tab, ok = comparison(real, sims)
-    # How much the answer depends on the simulator's tick (the engine model is a fluid model per tick).
+    # How much the answer depends on the simulator's tick (the fluid model is a fluid model per tick; the
+    # iteration model's tick only batches its admissions).
     sens_rows = []
     for tick in SENSITIVITY_TICKS_S:
-        for name, s in run_sims(tick).items():
-            row: list[Any] = [f"{tick * 1e3:g}", name]
-            for attr in ("ttft_s", "tpot_s"):
-                for k in (0, 1):
-                    row.append(f"{err(pcts(getattr(s, attr))[k], pcts(getattr(real, attr))[k]):+.1%}")
-            row.append(f"{in_flight(tr, s):.2f}")
-            sens_rows.append(row)
+        for name, s in (sims if tick == sim_tick_s else run_sims(tick)).items():
+            sens_rows.append([f"{tick * 1e3:g}", name, *errors(s, real), f"{in_flight(tr, s):.2f}"])
     sens_tab = md_table(["tick (ms)", "variant", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "mean in engine"],
                         sens_rows)
+    by_cal_tab = md_table(["calibration", "variant", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95"], by_cal_rows)
     st = tr.stats()
     lag50, lag95 = pcts(real.lag_s) if real.lag_s is not None else (float("nan"),) * 2
     conc = {"real vLLM": in_flight(tr, real), **{k: in_flight(tr, v) for k, v in sims.items()}}
     failed = {"real vLLM": real.failed, **{k: v.failed for k, v in sims.items()}}
-    v, plan = raw["versions"], raw["plan"]
+    v = raw["versions"]
     verdict = "; ".join(f"**{k}: {'meets' if good else 'misses'}** the ≤ {GOAL:.0%} goal on all four"
                         for k, good in ok.items())
     window = f"[{a['start_s']:g}, {a['start_s'] + a['minutes'] * 60 * a['rate_scale']:g})"
+    mnbt = lim.max_num_batched_tokens
     lines = [
-        "# Simulator fidelity: tiny Qwen2 on vLLM CPU vs the simulator's engine model (issue 6)\n",
+        "# Simulator fidelity: tiny Qwen2 on vLLM CPU vs the simulator's engine models (issue 6)\n",
         f"- command: `{raw['cmd']}` ({raw['wall_s']:.0f} s wall: engine start {raw['engine_up_s']:.0f} s, "
         f"calibration {sm['wall_s']:.0f} s, replay {rr['wall_s']:.0f} s)",
         f"- machine: {raw['machine']}; load average (1/5/15 min) before {raw['load_before']}, after "
         f"{raw['load_after']}",
         f"- versions: ray {v['ray']}, vllm {v['vllm']} (CPU build), torch {v['torch']}, python {v['python']}",
         f"- engine: vllm AsyncLLM in the benchmark process (engine core in a child process) with the tiny model's "
-        f"serving arguments {json.dumps(raw['engine_args'])}; max_num_batched_tokens {lim.max_num_batched_tokens}, "
+        f"serving arguments {json.dumps(raw['engine_args'])}; max_num_batched_tokens {mnbt}, "
         f"chunked prefill {'on' if lim.chunked_prefill else 'off'}, prefix caching at vLLM's default (random "
         "prompts never hit it)\n",
         "## Calibration\n",
@@ -454,14 +567,17 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         f"ITL while b requests ({plan['itl_prompt_tokens']}-token prompts, {plan['itl_output_tokens']} output "
         f"tokens, started together) all decode, at least {plan['itl_repeats']} rounds per b and "
         f"~{plan['itl_min_samples']} requests: per request, tokens over time between the last first token and the "
-        "first finish, so the batch is exactly b. Lines fit by least squares through the medians per x "
-        f"(`rayscale.engines.calibrate`). Greedy sampling, ignore_eos, random prompt ids from seed {a['seed']}. "
-        "Measured once before and once after the replay and fitted on both; the fits of each alone show how much "
-        "the machine changed meanwhile.\n",
+        "first finish, so the batch is exactly b. Least squares through the medians per x "
+        "(`rayscale.engines.calibrate`): TTFT quadratic in the prompt (overhead_s >= 0, prefill_quadratic_s >= 0), "
+        f"ITL and prefill-batch iterations linear. Greedy sampling, ignore_eos, random prompt ids from seed "
+        f"{a['seed']}. Measured once before and once after the replay and fitted on both; the fits of each alone "
+        "show how much the machine changed meanwhile.\n",
         md_table(["parameter", "value", "from", "R²"], fit_rows) + "\n",
         drift_tab + "\n",
         ttft_tab + "\n",
         itl_tab + "\n",
+        batch_text,
+        *([batch_tab + "\n"] if batch_tab else []),
         "profiles.yaml entry:\n\n```yaml\n" + profile_yaml(profile) + "```\n",
         "## Replay: real engine vs simulator\n",
         f"Slice: {TRACE.name}, arrivals in {window} s compressed {a['rate_scale']:g}x (`Trace.window(...)"
@@ -475,19 +591,24 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         "Real: open loop, each request sent at its arrival time to the same AsyncLLM (random prompt ids of the "
         "trace's length, greedy, ignore_eos); TTFT from the scheduled arrival to the first streamed token, "
         f"TPOT = (last - first token) / (output - 1). Client send lag p50 {ms(lag50)} ms, p95 {ms(lag95)} ms. "
-        f"Simulator: `rayscale.sim.engine.Engine`, one replica with the profile above from t = 0, no controller, "
-        f"tick {sim_tick_s * 1e3:g} ms; \"sim\" is the simulator's default engine model (prefill only delays the "
-        "request's own first token), \"sim, prefill contention\" is `EngineConfig(prefill_contention=True, "
-        f"max_num_batched_tokens={lim.max_num_batched_tokens})` (`--prefill-contention`: prefill takes engine "
-        "time from decode).\n",
+        "Simulator: `rayscale.sim.engine.make_engine`, one replica with the profile above from t = 0, no "
+        f"controller, tick {sim_tick_s * 1e3:g} ms. \"sim (fluid)\" is `EngineConfig(max_num_batched_tokens={mnbt})`, "
+        "the simulator's default engine model: per tick, a replica's prompts share its prefill rate and take "
+        "engine time from decode (chunked prefill). \"sim (iteration)\" is `EngineConfig(model=\"iteration\", "
+        f"max_num_batched_tokens={mnbt})`: vLLM V1's scheduler one engine iteration at a time, with the "
+        "iteration cost of the profile (next section).\n",
         *caution(raw, lag95),
         cmp_tab + "\n",
         "Mean requests in the engine (Little's law): " + ", ".join(f"{k} {x:.2f}" for k, x in conc.items())
         + "; failed: " + ", ".join(f"{k} {x}" for k, x in failed.items()) + ".\n",
         verdict + ".\n",
+        *reproducibility(raw, real),
+        "Error (sim - real) / real with each calibration alone (the machine's speed between them is in the "
+        "drift table above):\n",
+        by_cal_tab + "\n",
         "Error (sim - real) / real by simulator tick:\n",
         sens_tab + "\n",
-    ]
+    ]  # fmt: skip
     if plot_path:
         png = Path(plot_path)
         plot(real, sims, png, f"{st.requests} requests of {TRACE.name} ({a['rate_scale']:g}x): tiny Qwen2 on "
@@ -522,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-tick-s", type=float, default=EngineConfig().tick_s,
                     help="simulator tick (default: the simulator's own, %(default)s s)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--real-repeats", type=int, default=1,
+                    help="replay the slice this many times on the real engine, back to back (default 1)")
     ap.add_argument("--raw", default=os.path.join(tempfile.gettempdir(), "fidelity.raw.json"),
                     help="measurements are saved here (default %(default)s)")
     ap.add_argument("--from-raw", action="store_true", help="only re-render the report from --raw")

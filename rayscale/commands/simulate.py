@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
     p.add_argument("--prefill-contention", action=argparse.BooleanOptionalAction, default=True,
                    help="engines share prefill throughput with decode (chunked prefill, the default); "
                         "--no-prefill-contention gives the emulated engine's independent prefill")
+    p.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
+                   help="engine model: fluid (numpy per tick, the default, fast) or iteration (vLLM's scheduler "
+                        "one engine iteration at a time: what bench/fidelity.py checks against real vLLM)")
     p.add_argument("--json", action="store_true", help="print one JSON object per policy")
     p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")
     p.add_argument("--no-progress", action="store_true")
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             if model not in cat.models:
                 raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
         trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat)
-        engine = EngineConfig(prefill_contention=args.prefill_contention)
+        engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
         cfg = SimConfig(model=model, seed=args.seed, control_period_s=args.control_period,

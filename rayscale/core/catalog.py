@@ -167,8 +167,17 @@ class Profile(_Strict):
     """Performance of one model on one flavor, per replica.
 
     Latency model (shared by the estimator, the emulated engine and the simulator):
-    TTFT = queue wait + overhead_s + prompt_tokens / prefill_tokens_per_s;
+    TTFT = queue wait + overhead_s + prompt_tokens / prefill_tokens_per_s + prefill_quadratic_s * prompt_tokens^2;
     inter-token latency = itl_alpha_s + itl_beta_s * running batch; KV capacity caps the batch.
+
+    Two optional terms describe how prompts share an engine iteration (0 = not measured; the published GPU
+    profiles leave them out). ``prefill_quadratic_s``: attention, which makes prefill cost convex in the
+    prompt (clear on CPU); a prompt's chunks sum to the same P^2 however it is split, so it is per prompt.
+    ``prefill_seq_s``: engine time per prompt in an iteration (input preparation, sampling the first token),
+    which the lone-prompt TTFT folds into ``overhead_s`` but a batch of prompts pays once each.
+    ``prefill_iteration_s``: what an iteration that carries prompt tokens costs beyond a decode-only one
+    (prefill attention metadata and kernels), once per such iteration; only the iteration engine model
+    (rayscale.sim.iteration) resolves iterations, so only it charges this.
     """
 
     model: str
@@ -177,6 +186,9 @@ class Profile(_Strict):
     overhead_s: NonNegFloat = 0.03
     itl_alpha_s: PositiveFloat
     itl_beta_s: NonNegFloat
+    prefill_quadratic_s: NonNegFloat = 0.0  # s per prompt token squared
+    prefill_seq_s: NonNegFloat = 0.0  # s of engine time per prompt, included in overhead_s
+    prefill_iteration_s: NonNegFloat = 0.0  # s per iteration that carries prompt tokens
     max_num_seqs: PositiveInt = 256
     kv_tokens: PositiveInt
     startup_s: NonNegFloat = Field(description="replica start on a ready node: image pull + model load")
@@ -192,8 +204,21 @@ class Profile(_Strict):
     def itl_s(self, batch: float) -> float:
         return self.itl_alpha_s + self.itl_beta_s * max(batch, 1.0)
 
+    @model_validator(mode="after")
+    def _seq_within_overhead(self) -> Profile:
+        if self.prefill_seq_s > self.overhead_s:
+            raise ValueError(f"prefill_seq_s ({self.prefill_seq_s}) is part of overhead_s ({self.overhead_s}), "
+                             "so it cannot exceed it")
+        return self
+
     def ttft_s(self, prompt_tokens: float, queue_wait_s: float = 0.0) -> float:
-        return queue_wait_s + self.overhead_s + prompt_tokens / self.prefill_tokens_per_s
+        return (queue_wait_s + self.overhead_s + prompt_tokens / self.prefill_tokens_per_s
+                + self.prefill_quadratic_s * prompt_tokens * prompt_tokens)
+
+    def prefill_engine_s(self, prompt_tokens: float) -> float:
+        """Engine time one prompt takes from an iteration it shares (what it costs the requests decoding)."""
+        return (self.prefill_seq_s + prompt_tokens / self.prefill_tokens_per_s
+                + self.prefill_quadratic_s * prompt_tokens * prompt_tokens)
 
 
 class Catalog(_Strict):

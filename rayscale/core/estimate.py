@@ -62,20 +62,22 @@ class ReplicaCapacity:
 
 
 def tpot_at(profile: Profile, batch: float, mix: RequestMix, corr: Correction = Correction()) -> float:
-    p, o, r = mix.prompt_mean, max(mix.output_mean, 1.0), profile.prefill_tokens_per_s
-    return corr.tpot * (profile.itl_s(batch) + batch * p / (r * o))
+    # Every sequence's prompt is prefilled once in iterations the others decode in: its engine time spread
+    # over its output tokens.
+    o = max(mix.output_mean, 1.0)
+    return corr.tpot * (profile.itl_s(batch) + batch * profile.prefill_engine_s(mix.prompt_mean) / o)
 
 
 def replica_capacity(profile: Profile, slo: SLO, mix: RequestMix, corr: Correction = Correction(),
                      target_utilization: float = 0.8) -> ReplicaCapacity:
-    p, o, r = mix.prompt_mean, max(mix.output_mean, 1.0), profile.prefill_tokens_per_s
+    p, o = mix.prompt_mean, max(mix.output_mean, 1.0)
     ttft_floor = corr.ttft * profile.ttft_s(mix.prompt_p95)
     if ttft_floor > slo.ttft_p95_s:
         return ReplicaCapacity(profile.flavor, 0.0, 0, 0.0, ttft_floor,
                                f"p95 prompt ({mix.prompt_p95:.0f} tok) prefills in {ttft_floor:.2f}s "
                                f"> TTFT SLO {slo.ttft_p95_s}s")
-    # Largest batch meeting TPOT: corr*(alpha + b*(beta + P/(R*O))) <= slo.
-    per_seq = profile.itl_beta_s + p / (r * o)
+    # Largest batch meeting TPOT: corr*(alpha + b*(beta + prefill(P)/O)) <= slo.
+    per_seq = profile.itl_beta_s + profile.prefill_engine_s(p) / o
     b_slo = math.floor((slo.tpot_p95_s / corr.tpot - profile.itl_alpha_s) / per_seq) if per_seq > 0 else 10**9
     if b_slo < 1 and per_seq > 0 and (slo.tpot_p95_s - profile.itl_alpha_s) / per_seq >= 1:
         # The profile meets the SLO; only the correction says it does not. Keep one sequence's worth of
@@ -118,12 +120,12 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
         if t is None:
             t = ctx[key] = (s.ttft_p95_s, s.tpot_p95_s, m.prompt_mean, m.output_mean, m.prompt_p95, c.ttft, c.tpot)
         rows.append((pr.prefill_tokens_per_s, pr.overhead_s, pr.itl_alpha_s, pr.itl_beta_s, pr.max_num_seqs,
-                     pr.kv_tokens, *t))
+                     pr.kv_tokens, pr.prefill_quadratic_s, pr.prefill_seq_s, *t))
     cols = np.array(rows, dtype=float).T
-    r, over, alpha, beta, max_seqs, kv, ttft_slo, tpot_slo, p, o_raw, p95, c_ttft, c_tpot = cols
+    r, over, alpha, beta, max_seqs, kv, quad, seq, ttft_slo, tpot_slo, p, o_raw, p95, c_ttft, c_tpot = cols
     o = np.maximum(o_raw, 1.0)
-    ttft_floor = c_ttft * (0.0 + over + p95 / r)
-    per_seq = beta + p / (r * o)
+    ttft_floor = c_ttft * (0.0 + over + p95 / r + quad * p95 * p95)
+    per_seq = beta + (seq + p / r + quad * p * p) / o
     with np.errstate(divide="ignore", invalid="ignore"):
         b_slo = np.where(per_seq > 0, np.floor((tpot_slo / c_tpot - alpha) / per_seq), 1e9)
         b_unc = np.where(per_seq > 0, (tpot_slo - alpha) / per_seq, 1e9)
@@ -132,7 +134,7 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     b = np.minimum(np.minimum(b_slo, b_kv), max_seqs)
     ok = (ttft_floor <= ttft_slo) & (b >= 1)
     bf = np.where(ok, b, 1.0)
-    tpot = c_tpot * ((alpha + beta * np.maximum(bf, 1.0)) + bf * p / (r * o))
+    tpot = c_tpot * ((alpha + beta * np.maximum(bf, 1.0)) + bf * (seq + p / r + quad * p * p) / o)
     rps = bf / (o * tpot) * target_utilization
     out: list[ReplicaCapacity] = []
     ok_l, rps_l, b_l, tpot_l, floor_l = ok.tolist(), rps.tolist(), bf.tolist(), tpot.tolist(), ttft_floor.tolist()

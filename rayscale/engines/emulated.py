@@ -1,7 +1,7 @@
 """Profile-driven emulated LLM engine: vLLM's timing behaviour without any compute.
 
 Latency model (FACTS.md):
-  TTFT = queue wait + overhead_s + prompt_tokens / prefill_tokens_per_s
+  TTFT = queue wait + overhead_s + prompt_tokens / prefill_tokens_per_s + prefill_quadratic_s x prompt_tokens^2
   inter-token latency = itl_alpha_s + itl_beta_s * running batch
 Admission is continuous batching: a request runs when fewer than ``max_num_seqs`` run and its KV
 reservation (prompt + max_tokens) fits in ``kv_tokens``; otherwise it waits, FIFO like vLLM's scheduler.
@@ -191,7 +191,8 @@ class EmulatedEngine:
             await req.admitted.wait()
             admitted = True
             scheduled = self._clock()
-            await asyncio.sleep(p.overhead_s + prompt_tokens / p.prefill_tokens_per_s)
+            await asyncio.sleep(p.overhead_s + prompt_tokens / p.prefill_tokens_per_s
+                                + p.prefill_quadratic_s * prompt_tokens * prompt_tokens)
             first = self._clock()
             self.metrics.observe_ttft(first - start)
             self.metrics.add_tokens(prompt_tokens, 1)

@@ -20,6 +20,9 @@ class ProfileLike(Protocol):
     overhead_s: float
     itl_alpha_s: float
     itl_beta_s: float
+    prefill_quadratic_s: float
+    prefill_seq_s: float
+    prefill_iteration_s: float
     max_num_seqs: int
     kv_tokens: int
     startup_s: float
@@ -35,6 +38,9 @@ class EmulatedProfile(BaseModel):
     overhead_s: float = Field(ge=0)
     itl_alpha_s: float = Field(ge=0)
     itl_beta_s: float = Field(ge=0)
+    prefill_quadratic_s: float = Field(default=0.0, ge=0)
+    prefill_seq_s: float = Field(default=0.0, ge=0)
+    prefill_iteration_s: float = Field(default=0.0, ge=0)
     max_num_seqs: int = Field(ge=1)
     kv_tokens: int = Field(ge=1)
     startup_s: float = Field(default=0.0, ge=0)

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rayscale.core.catalog import SLO, Profile
-from rayscale.sim.engine import DONE, Engine, EngineConfig
+from rayscale.sim.engine import DONE, EngineConfig, make_engine
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def pool_attainment(profile: Profile, slo: SLO, prompt: npt.NDArray[np.int64], o
     k = replicas
     arr = np.cumsum(gaps) / (k * rate_per_replica)
     n = len(arr)
-    eng = Engine(arr, prompt, output, engine, max_kv_tokens=profile.kv_tokens)
+    eng = make_engine(arr, prompt, output, engine, max_kv_tokens=profile.kv_tokens)
     for _ in range(k):
         eng.add_replica(profile, 0)
     dt = engine.tick_s

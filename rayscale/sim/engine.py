@@ -75,17 +75,25 @@ def p95(x: npt.NDArray[np.floating[Any]] | npt.NDArray[np.integer[Any]]) -> floa
     return float(b - d * (1 - g) if g >= 0.5 else a + d * g)
 
 
+ENGINE_MODELS = ("fluid", "iteration")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     tick_s: float = 0.25
     prefill_contention: bool = True  # chunked prefill shares the replica with decode (module docstring)
     max_num_batched_tokens: int = 2048  # prefill tokens per engine iteration while decodes run
+    # "fluid": this module, numpy per tick (fast); "iteration": vLLM's scheduler one engine iteration at a
+    # time (rayscale.sim.iteration; slower, and what bench/fidelity.py checks against the real engine).
+    model: str = "fluid"
 
     def __post_init__(self) -> None:
         if not self.tick_s > 0:
             raise ValueError(f"engine.tick_s must be > 0, got {self.tick_s}")
         if self.max_num_batched_tokens < 1:
             raise ValueError("engine.max_num_batched_tokens must be >= 1")
+        if self.model not in ENGINE_MODELS:
+            raise ValueError(f"engine.model must be one of {', '.join(ENGINE_MODELS)}, got {self.model!r}")
 
 
 @dataclass
@@ -131,6 +139,9 @@ class Engine:
         self.r_beta = np.zeros(cap)
         self.r_R = np.ones(cap)
         self.r_over = np.zeros(cap)
+        self.r_q = np.zeros(cap)
+        self.r_seq = np.zeros(cap)
+        self._plain_prefill = True
         self.r_slots = np.zeros(cap, dtype=np.int64)
         self.r_kvcap = np.zeros(cap, dtype=np.int64)
         self.r_run = np.zeros(cap, dtype=np.int64)
@@ -154,8 +165,8 @@ class Engine:
     def add_replica(self, profile: Profile, flavor_index: int, slot_cap: int | None = None) -> int:
         r = self.nr
         if r == len(self.r_state):
-            for name in ("r_state", "r_flavor", "r_alpha", "r_beta", "r_R", "r_over", "r_slots", "r_kvcap",
-                         "r_run", "r_kv", "r_V"):
+            for name in ("r_state", "r_flavor", "r_alpha", "r_beta", "r_R", "r_over", "r_q", "r_seq", "r_slots",
+                         "r_kvcap", "r_run", "r_kv", "r_V"):
                 a = getattr(self, name)
                 b = np.zeros(2 * len(a), dtype=a.dtype)
                 b[: len(a)] = a
@@ -167,7 +178,12 @@ class Engine:
         self.r_alpha[r] = profile.itl_alpha_s
         self.r_beta[r] = profile.itl_beta_s
         self.r_R[r] = profile.prefill_tokens_per_s
-        self.r_over[r] = profile.overhead_s
+        # A prompt's engine time is prefill_engine_s (per-prompt cost and attention included), as
+        # effective tokens at R; the rest of overhead_s is latency outside the engine.
+        self.r_over[r] = profile.overhead_s - profile.prefill_seq_s
+        self.r_q[r] = profile.prefill_quadratic_s
+        self.r_seq[r] = profile.prefill_seq_s
+        self._plain_prefill = self._plain_prefill and not (profile.prefill_quadratic_s or profile.prefill_seq_s)
         self.r_slots[r] = min(profile.max_num_seqs, slot_cap) if slot_cap else profile.max_num_seqs
         self.r_kvcap[r] = profile.kv_tokens
         return r
@@ -253,6 +269,13 @@ class Engine:
         self.p_vend[k:m] = np.inf
         self.m = k
 
+    def _effective_prompt(self, p: I64, rep: I64) -> F64:
+        """Prompt tokens plus the per-prompt and attention cost, in tokens at the replica's prefill rate."""
+        if self._plain_prefill:  # no replica has the optional terms (the published profiles): p itself
+            return p.astype(np.float64)
+        q, seq = self.r_q[rep], self.r_seq[rep]
+        return p + self.r_R[rep] * (seq + q * p * p)
+
     def _admit(self, T: float, T1: float) -> None:
         """Hand queued and newly arrived requests, FIFO, to the least-loaded live replica with room.
 
@@ -319,10 +342,14 @@ class Engine:
         rep = np.asarray(a_rep, dtype=np.int64)
         self.r_run[:nr] += np.bincount(rep, minlength=nr)
         self.r_kv[:nr] = kv
+        self._enqueue(req, rep, np.maximum(self.arr[req], T))
+
+    def _enqueue(self, req: I64, rep: I64, tadm: F64) -> None:
+        """Admitted requests (trace indices, their replicas, admission times) join the in-flight pool."""
+        k = len(req)
         m = self.m
         self._grow_pool(m + k)
-        tadm = np.maximum(self.arr[req], T)
-        p = self.P[req]
+        p = self._effective_prompt(self.P[req], rep)
         self.p_req[m : m + k] = req
         self.p_rep[m : m + k] = rep
         self.p_tadm[m : m + k] = tadm
@@ -374,16 +401,17 @@ class Engine:
                 r_sorted = prep[order]
                 x = rem[order]
                 cs = np.cumsum(x)
-                starts = np.flatnonzero(np.r_[True, r_sorted[1:] != r_sorted[:-1]])
+                starts = np.flatnonzero(np.concatenate(([True], r_sorted[1:] != r_sorted[:-1])))
                 base = (cs - x)[starts]
-                cum = cs - np.repeat(base, np.diff(np.r_[starts, len(x)]))
+                cum = cs - np.repeat(base, np.diff(np.append(starts, len(x))))
                 done_pf = cum <= processed[r_sorted] + 1e-6
                 pos = pf_idx[order]
                 if done_pf.any():
                     d = pos[done_pf]
                     rd = r_sorted[done_pf]
                     req = self.p_req[d]
-                    t_done = np.maximum(T + cum[done_pf] / rho[rd], self.p_tadm[d] + self.P[req] / R[rd])
+                    t_done = np.maximum(T + cum[done_pf] / rho[rd],
+                                        self.p_tadm[d] + self._effective_prompt(self.P[req], rd) / R[rd])
                     tfirst[d] = t_done + self.r_over[rd]
                     self.p_rem[d] = 0.0
                 nd = ~done_pf
@@ -420,14 +448,18 @@ class Engine:
         else:
             done_req, done_t = np.zeros(0, dtype=np.int64), np.zeros(0)
         self.r_V[:nr] = V1
-        # Draining replicas that emptied are done.
+        self._stop_drained()
+        return TickResult(done_req, done_t, self.failed - failed0)
+
+    def _stop_drained(self) -> None:
+        """Draining replicas that emptied are done."""
         if self.n_draining:
+            nr = self.nr
             drained = (self.r_state[:nr] == DRAINING) & (self.r_run[:nr] == 0)
             k = int(np.count_nonzero(drained))
             if k:
                 self.r_state[:nr][drained] = STOPPED
                 self.n_draining -= k
-        return TickResult(done_req, done_t, self.failed - failed0)
 
     def fail_unfinished(self, now: float) -> int:
         """End of simulation: whatever is still queued or in flight counts as failed."""
@@ -436,3 +468,13 @@ class Engine:
         self.t_fin[left] = now
         self.failed += len(left)
         return len(left)
+
+
+def make_engine(arrival_s: F64, prompt: I64, output: I64, cfg: EngineConfig = EngineConfig(),
+                max_kv_tokens: int | None = None) -> Engine:
+    """The engine model ``cfg.model`` names, over one model's requests."""
+    if cfg.model == "iteration":
+        from rayscale.sim.iteration import IterationEngine
+
+        return IterationEngine(arrival_s, prompt, output, cfg, max_kv_tokens)
+    return Engine(arrival_s, prompt, output, cfg, max_kv_tokens)

@@ -21,7 +21,7 @@ from rayscale.core.plan import PlannerSettings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
 from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, Cluster
-from rayscale.sim.engine import DONE, FAILED, Engine, EngineConfig, p95
+from rayscale.sim.engine import DONE, FAILED, EngineConfig, make_engine, p95
 from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
 from rayscale.sim.trace import Trace
 
@@ -105,7 +105,7 @@ class Simulation:
         self.arr = trace.arrival_s
         self.prompt = trace.prompt_tokens
         self.output = np.maximum(trace.output_tokens, 1)
-        self.engine = Engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv)
+        self.engine = make_engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv)
         self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
                                slot_cap=policy.slot_cap)
         self.flavors = flavors

@@ -198,3 +198,21 @@ def test_tpot_correction_compares_with_the_busiest_replicas_batch_and_moves_by_t
     for _ in range(15):  # 30 s of 2 s periods
         c = update_corrections(cat, {"mistral-7b": slow}, c, smoothing=correction_smoothing(2.0))
     assert c[("mistral-7b", "a10g")].tpot == pytest.approx(1 + (1 - 1 / 2.718281828), abs=0.02)
+
+
+def test_optional_prefill_terms_enter_ttft_and_the_decode_budget():
+    from rayscale.core.estimate import tpot_at
+
+    p = PROF.model_copy(update={"prefill_quadratic_s": 1e-8, "prefill_seq_s": 0.002})
+    n = 1000.0
+    assert p.ttft_s(n) == pytest.approx(PROF.ttft_s(n) + 1e-8 * n * n)
+    assert p.prefill_engine_s(n) == pytest.approx(0.002 + n / PROF.prefill_tokens_per_s + 1e-8 * n * n)
+    # Every sequence's prompt takes its engine time from the decodes, spread over its output tokens.
+    mix = MIX
+    extra = (p.prefill_engine_s(mix.prompt_mean) - PROF.prefill_engine_s(mix.prompt_mean)) / mix.output_mean
+    assert tpot_at(p, 8, mix) == pytest.approx(tpot_at(PROF, 8, mix) + 8 * extra)
+
+
+def test_per_prompt_cost_cannot_exceed_the_overhead_it_is_part_of():
+    with pytest.raises(ValueError, match=r"prefill_seq_s .* is part of overhead_s"):
+        PROF.model_validate({**PROF.model_dump(), "prefill_seq_s": PROF.overhead_s * 2})

@@ -16,7 +16,9 @@ OD, SPOT = CapacityType.ON_DEMAND, CapacityType.SPOT
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 profiles = st.builds(
-    Profile, model=st.just("m"), flavor=st.sampled_from(["a", "b"]), prefill_tokens_per_s=st.floats(100, 20000),
+    lambda seq_share, **kw: Profile(prefill_seq_s=seq_share * kw["overhead_s"], **kw),  # seq within overhead
+    seq_share=st.sampled_from([0.0, 0.3, 1.0]), prefill_quadratic_s=st.sampled_from([0.0, 2e-8, 1e-6]),
+    model=st.just("m"), flavor=st.sampled_from(["a", "b"]), prefill_tokens_per_s=st.floats(100, 20000),
     overhead_s=st.floats(0, 0.2), itl_alpha_s=st.floats(0.005, 0.2), itl_beta_s=st.floats(0, 0.01),
     max_num_seqs=st.integers(1, 512), kv_tokens=st.integers(100, 200000), startup_s=st.just(60.0),
     source=st.just("estimate: test"))
