@@ -16,7 +16,10 @@ prompt's chunks sees a TPOT far above it, which is what per-request SLO attainme
 every in-flight request prefills at the replica's full rate in parallel: on a prompt-heavy trace (the
 Azure code trace: 2,048-token prompts, 28-token outputs) a replica then "sustains" about ten times the
 prefill throughput of its profile, which no GPU does.
-For a single request both variants reduce exactly to the profile formula.
+For a single request both variants reduce exactly to the profile formula. The profile's optional
+prefill terms (prefill_seq_s, prefill_quadratic_s) are charged as extra prompt tokens at the prefill rate;
+rayscale.sim.iteration is the same engine stepped one vLLM iteration at a time (``EngineConfig(model=
+"iteration")``), which the fluid model approximates per tick.
 
 Why it is fast: no Python object per request. In-flight requests live in a few parallel numpy arrays.
 All running requests of a replica decode at the same rate, so each replica keeps a *virtual token clock*
@@ -94,6 +97,9 @@ class EngineConfig:
             raise ValueError("engine.max_num_batched_tokens must be >= 1")
         if self.model not in ENGINE_MODELS:
             raise ValueError(f"engine.model must be one of {', '.join(ENGINE_MODELS)}, got {self.model!r}")
+        if self.model == "iteration" and not self.prefill_contention:
+            raise ValueError("engine.prefill_contention: the iteration model always shares iterations between "
+                             "prompts and decodes; independent prefill exists only in the fluid model")
 
 
 @dataclass

@@ -198,3 +198,10 @@ def test_simulator_runs_a_policy_on_the_iteration_engine():
     f, it = res["fluid"], res["iteration"]
     assert it.cost_usd == pytest.approx(f.cost_usd, rel=0.1)
     assert it.slo_attainment > 0.9
+
+
+def test_the_iteration_model_has_no_independent_prefill():
+    with pytest.raises(ValueError, match=r"engine\.prefill_contention"):
+        EngineConfig(model="iteration", prefill_contention=False)
+    with pytest.raises(ValueError, match=r"engine\.model must be one of fluid, iteration"):
+        EngineConfig(model="exact")
