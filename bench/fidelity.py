@@ -329,8 +329,9 @@ ANALYSIS = """## Where the engine models and vLLM differ structurally
   prompt completed in an iteration gets its first token when that iteration ends, and a request arriving
   mid-iteration waits for the next one. So a burst of prompts shares one long iteration, and the decodes
   running beside it slow down by exactly the prompt tokens pending.
-- **Iteration cost.** itl_alpha_s + itl_beta_s d for d decodes, plus prefill_iteration_s when it carries
-  prompt tokens, plus per prompt chunk of k tokens (c already computed) prefill_seq_s + k /
+- **Iteration cost.** itl_alpha_s + itl_beta_s d for d decodes, plus 2 prefill_quadratic_s S for their S
+  context tokens (decode attention, the quadratic prefill term's per-token counterpart), plus
+  prefill_iteration_s when it carries prompt tokens, plus per prompt chunk of k tokens (c already computed) prefill_seq_s + k /
   prefill_tokens_per_s + prefill_quadratic_s (k² + 2kc); an iteration with prompts only starts from
   min(itl_alpha_s + prefill_iteration_s, overhead_s - prefill_seq_s), and the rest of overhead_s is a
   constant client-side latency. The quadratic term is attention, which makes prefill convex
@@ -345,9 +346,8 @@ ANALYSIS = """## Where the engine models and vLLM differ structurally
   counts from the scheduled arrival; the simulator's arrivals are exact. *Warm-up*: the engine is warmed by
   the calibration, but allocator growth and first-seen shapes during the replay, and the machine's share
   changing between calibration and replay (compare the before/after fits), have no counterpart in the
-  simulator. *Decode attention*: a decoding sequence's cost grows with its context (the quadratic term's
-  counterpart); the ITL is calibrated on 16-token prompts, and the model charges every decode the same.
-  *Fluid model*: it has no iterations, so it does not charge prefill_iteration_s.
+  simulator. *Fluid model*: it has no iterations, so it charges neither prefill_iteration_s nor decode
+  attention.
 """
 MAX_LAG_S = 0.010
 

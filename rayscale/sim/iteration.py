@@ -10,8 +10,9 @@ engine's (rayscale.sim.engine); what happens inside a replica follows vLLM V1's 
 - a request that reaches the replica while an iteration runs joins the next one;
 - every prompt whose last token is in an iteration gets its first token when the iteration ends, all of
   them together; every decoding sequence gets one token per iteration;
-- an iteration with d decoding sequences costs itl_alpha_s + itl_beta_s d, plus prefill_iteration_s when
-  it carries prompt tokens; one with prompts only the base b0 = min(itl_alpha_s + prefill_iteration_s,
+- an iteration with d decoding sequences costs itl_alpha_s + itl_beta_s d + 2 prefill_quadratic_s S, S
+  their context tokens (decode attention: the quadratic prefill term's per-token counterpart), plus
+  prefill_iteration_s when it carries prompt tokens; one with prompts only the base b0 = min(itl_alpha_s + prefill_iteration_s,
   overhead_s - prefill_seq_s); each prompt chunk of k tokens, c of its tokens already computed, adds
   prefill_seq_s + k / prefill_tokens_per_s + prefill_quadratic_s (k^2 + 2 k c);
 - overhead_s - prefill_seq_s - b0 is latency outside the engine (API server, streaming): added to every
@@ -50,6 +51,18 @@ from rayscale.sim.engine import (
 _REQ, _LEFT, _CTX, _TADM = 0, 1, 2, 3
 
 
+def _iterations_to(gap: float, s: float, S: int, d: int, quad: float) -> int:
+    """Decode iterations from now until the first one that starts at or after ``gap`` seconds: iteration j
+    costs s + 2 quad (S + j d) (its attention reads S + j d context tokens)."""
+    if gap <= 0:
+        return 0
+    a = quad * d
+    if a <= 0:
+        return math.ceil(gap / (s + 2 * quad * S))
+    b = s + 2 * quad * S - a  # time(k) = a k^2 + b k
+    return math.ceil((-b + math.sqrt(b * b + 4 * a * gap)) / (2 * a) - 1e-12)
+
+
 class IterationEngine(Engine):
     """All replicas of one model, each stepped iteration by iteration (module docstring)."""
 
@@ -63,6 +76,7 @@ class IterationEngine(Engine):
         self._it: list[int] = []  # iterations done
         self._pf: list[deque[list[float]]] = []  # prompts not fully prefilled, FIFO
         self._dec: list[int] = []  # sequences decoding
+        self._ctx: list[int] = []  # their context tokens, summed (decode attention reads all of them)
         self._fin: list[list[tuple[int, int]]] = []  # heap of (iteration of the last token, trace index)
         self._cost: list[tuple[float, ...]] = []
         self._first: dict[int, float] = {}  # engine time of the first token, per decoding request
@@ -77,6 +91,7 @@ class IterationEngine(Engine):
         self._it.append(0)
         self._pf.append(deque())
         self._dec.append(0)
+        self._ctx.append(0)
         self._fin.append([])
         self._cost.append((profile.itl_alpha_s, profile.itl_beta_s, b0, seq, 1.0 / profile.prefill_tokens_per_s,
                            profile.prefill_quadratic_s, front, pi))
@@ -99,6 +114,7 @@ class IterationEngine(Engine):
         self._pf[r].clear()
         self._fin[r].clear()
         self._dec[r] = 0
+        self._ctx[r] = 0
         self._busy.discard(r)
         if idx:
             a = np.asarray(idx, dtype=np.int64)
@@ -169,7 +185,8 @@ class IterationEngine(Engine):
         pf, fin = self._pf[r], self._fin[r]
         arr, out, first = self._arr_list, self._out, self._first
         ttft, tpot, queue_s = self.ttft, self.tpot, self.queue_s
-        t, v, d = self._free[r], self._it[r], self._dec[r]
+        t, v, d, S = self._free[r], self._it[r], self._dec[r], self._ctx[r]
+        P = self._p_list
         fl = int(self.r_flavor[r])
         while True:
             freed = False
@@ -181,17 +198,19 @@ class IterationEngine(Engine):
             if t >= T1 or t > until:  # ties run: every replica the heap pops makes progress
                 break
             if not pf or pf[0][_TADM] > t:
-                # Decode only: identical iterations until a sequence finishes, a prompt can join or the tick ends.
+                # Decode only: iterations until a sequence finishes, a prompt can join or the tick ends; each
+                # costs s plus the attention over a context that grows by d tokens per iteration.
                 s = alpha + beta * d
                 k = fin[0][0] - v
                 if pf:
-                    k = min(k, math.ceil((pf[0][_TADM] - t) / s))
-                k = max(min(k, math.ceil((until - t) / s)), 1)
-                t += k * s
+                    k = min(k, _iterations_to(pf[0][_TADM] - t, s, S, d, quad))
+                k = max(min(k, _iterations_to(until - t, s, S, d, quad)), 1)
+                t += k * s + 2 * quad * (k * S + d * k * (k - 1) / 2)
                 v += k
+                S += k * d
             else:
                 # One iteration with prompt tokens.
-                cost = alpha + beta * d + pi if d else b0
+                cost = alpha + beta * d + pi + 2 * quad * S if d else b0
                 room = C - d
                 completed = 0
                 for e in pf:
@@ -211,6 +230,7 @@ class IterationEngine(Engine):
                         completed += 1
                 t += cost
                 v += 1
+                S += d
                 for _ in range(completed):
                     q = int(pf.popleft()[_REQ])
                     ttft[q] = t + front - arr[q]
@@ -225,10 +245,12 @@ class IterationEngine(Engine):
                         first[q] = t
                         heapq.heappush(fin, (v + o - 1, q))
                         d += 1
+                        S += P[q] + 1
             # Sequences that decoded in these iterations (not those just started) may have got their last token.
             while fin and fin[0][0] <= v:
                 _, q = heapq.heappop(fin)
                 tpot[q] = (t - first.pop(q)) / (out[q] - 1)
+                S -= P[q] + out[q]
                 self._finish_one(r, q, fl)
                 done.append(q)
                 t_done.append(t + front)
@@ -236,7 +258,7 @@ class IterationEngine(Engine):
                 freed = True
             if freed and t < T1:
                 self._pull(r, t, T1)
-        self._free[r], self._it[r], self._dec[r] = t, v, d
+        self._free[r], self._it[r], self._dec[r], self._ctx[r] = t, v, d, S
         return t < T1 and (d > 0 or bool(pf))
 
     def _finish_one(self, r: int, q: int, flavor: int) -> None:

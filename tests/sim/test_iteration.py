@@ -20,6 +20,7 @@ CPU = Profile(model="tiny", flavor="cpu", prefill_tokens_per_s=40000, overhead_s
               itl_beta_s=0.0001, prefill_quadratic_s=2e-8, prefill_seq_s=0.0012, prefill_iteration_s=0.0009,
               max_num_seqs=8, kv_tokens=10**6,
               startup_s=1, source="estimate: test")
+CPU_FLAT = CPU.model_copy(update={"prefill_quadratic_s": 0.0})
 CFG = EngineConfig(model="iteration")
 
 
@@ -47,7 +48,9 @@ def test_lone_request_matches_profile_formula(profile, prompt, output, arrival):
     e = run([arrival], [prompt], [output], profile=profile)
     assert e.status[0] == DONE
     assert e.ttft[0] == pytest.approx(profile.ttft_s(prompt), rel=1e-5)
-    assert e.tpot[0] == pytest.approx(profile.itl_s(1) if output > 1 else 0.0, rel=1e-5)
+    # Each decode also reads its context, P + 1 + j tokens in its j-th iteration: P + O/2 on average.
+    decode = profile.itl_s(1) + 2 * profile.prefill_quadratic_s * (prompt + output / 2)
+    assert e.tpot[0] == pytest.approx(decode if output > 1 else 0.0, rel=1e-5)
     assert e.queue_s[0] == pytest.approx(0.0, abs=1e-9)
 
 
@@ -63,8 +66,8 @@ def test_prompts_that_arrive_together_share_one_iteration():
     b0, front = costs(CPU)
     it = b0 + n * CPU.prefill_engine_s(200)
     assert np.allclose(e.ttft, it + front, rtol=1e-6)
-    # Then they decode together: itl_s(8) per token.
-    assert np.allclose(e.tpot, CPU.itl_s(n), rtol=1e-6)
+    # Then they decode together: itl_s(8) per token, plus attention over all 8 contexts (200 + 10/2 on average).
+    assert np.allclose(e.tpot, CPU.itl_s(n) + 2 * CPU.prefill_quadratic_s * n * (200 + 10 / 2), rtol=1e-5)
 
 
 def test_the_budget_chunks_the_last_prompt_and_decodes_take_a_token_each():
@@ -77,23 +80,24 @@ def test_the_budget_chunks_the_last_prompt_and_decodes_take_a_token_each():
     assert np.allclose(e.ttft[:20], it1 + front, rtol=1e-6)
     # Iteration 2: 20 decodes, the 21st's last 52 tokens (48 already computed), then 9 prompts of 100 tokens
     # (2,048 - 20 - 52 = 1,976 tokens of budget: all of them).
-    it2 = p.itl_s(20) + p.prefill_iteration_s + seq + 52 * inv_r + q * (52 * 52 + 2 * 52 * 48) + 9 * p.prefill_engine_s(100)
+    it2 = p.itl_s(20) + 2 * q * 20 * 101 + p.prefill_iteration_s + seq + 52 * inv_r + q * (52 * 52 + 2 * 52 * 48) + 9 * p.prefill_engine_s(100)
     assert np.allclose(e.ttft[20:], it1 + it2 + front, rtol=1e-6)
     assert np.allclose(e.queue_s[:21], 0.0) and np.allclose(e.queue_s[21:], it1, rtol=1e-6)
 
 
 def test_an_arrival_waits_for_the_iteration_in_flight():
-    s1 = CPU.itl_s(1)
-    t_first = CPU.ttft_s(100)  # request 0's first token reaches the client; its iterations end at t_first - front + k s1
-    _, front = costs(CPU)
+    flat = CPU_FLAT  # decode iterations of equal length: no decode attention
+    s1 = flat.itl_s(1)
+    t_first = flat.ttft_s(100)  # request 0's first token reaches the client; its iterations end at t_first - front + k s1
+    _, front = costs(flat)
     arrive = t_first - front + 10.4 * s1  # in the middle of its 11th decode iteration
-    e = run([0.0, arrive], [100, 500], [200, 2])
+    e = run([0.0, arrive], [100, 500], [200, 2], profile=flat)
     boundary = t_first - front + 11 * s1
     assert e.queue_s[1] == pytest.approx(boundary - arrive, rel=1e-6)
-    prefill = CPU.prefill_iteration_s + CPU.prefill_engine_s(500)  # what the prompt adds to that iteration
+    prefill = flat.prefill_iteration_s + flat.prefill_engine_s(500)  # what the prompt adds to that iteration
     assert e.ttft[1] == pytest.approx(boundary - arrive + s1 + prefill + front, rel=1e-6)
     # Request 0's 199 iterations after its first token: one also carried the prompt, the next also decoded it.
-    assert e.tpot[0] == pytest.approx(s1 + (prefill + CPU.itl_beta_s) / 199, rel=1e-5)
+    assert e.tpot[0] == pytest.approx(s1 + (prefill + flat.itl_beta_s) / 199, rel=1e-5)
 
 
 def reference(arr, prompt, output, p: Profile, budget=2048):
@@ -111,11 +115,12 @@ def reference(arr, prompt, output, p: Profile, budget=2048):
         if not waiting and not running:
             t = arr[i]
             continue
-        left, cost, d, started = budget, 0.0, 0, []
+        left, cost, d, started, ctx = budget, 0.0, 0, [], 0
         for r in running:
             if r[1] == 0:
                 d += 1
                 left -= 1
+                ctx += r[2] + int(output[r[0]]) - r[3]  # prompt + tokens generated so far
         for r in running:
             if r[1] and left > 0:
                 started.append((r, min(r[1], left)))
@@ -127,7 +132,7 @@ def reference(arr, prompt, output, p: Profile, budget=2048):
             sched[q] = t
             started.append((r, min(r[1], left)))
             left -= started[-1][1]
-        cost = p.itl_s(d) + (p.prefill_iteration_s if started else 0.0) if d else b0
+        cost = p.itl_s(d) + 2 * p.prefill_quadratic_s * ctx + (p.prefill_iteration_s if started else 0.0) if d else b0
         for r, k in started:
             cost += p.prefill_seq_s + k / p.prefill_tokens_per_s + p.prefill_quadratic_s * (k * k + 2 * k * r[2])
         t += cost
