@@ -75,9 +75,9 @@ class IterationEngine(Engine):
         self._free: list[float] = []  # when its engine loop can start the next iteration
         self._it: list[int] = []  # iterations done
         self._pf: list[deque[list[float]]] = []  # prompts not fully prefilled, FIFO
-        self._dec: list[int] = []  # sequences decoding
         self._ctx: list[int] = []  # their context tokens, summed (decode attention reads all of them)
-        self._fin: list[list[tuple[int, int]]] = []  # heap of (iteration of the last token, trace index)
+        # Sequences decoding: a heap of (iteration of the last token, trace index).
+        self._fin: list[list[tuple[int, int]]] = []
         self._cost: list[tuple[float, ...]] = []
         self._first: dict[int, float] = {}  # engine time of the first token, per decoding request
         self._busy: set[int] = set()  # replicas with requests
@@ -90,7 +90,6 @@ class IterationEngine(Engine):
         self._free.append(-math.inf)
         self._it.append(0)
         self._pf.append(deque())
-        self._dec.append(0)
         self._ctx.append(0)
         self._fin.append([])
         self._cost.append((profile.itl_alpha_s, profile.itl_beta_s, b0, seq, 1.0 / profile.prefill_tokens_per_s,
@@ -113,7 +112,6 @@ class IterationEngine(Engine):
             self._first.pop(q, None)
         self._pf[r].clear()
         self._fin[r].clear()
-        self._dec[r] = 0
         self._ctx[r] = 0
         self._busy.discard(r)
         if idx:
@@ -141,7 +139,7 @@ class IterationEngine(Engine):
             until = min(heap[0][0], T1) if heap else T1
             if self._run(r, T1, until, done, t_done):
                 heapq.heappush(heap, (self._free[r], r))
-            elif not self._pf[r] and not self._dec[r]:
+            elif not self._pf[r] and not self._fin[r]:
                 self._busy.discard(r)
         if done:
             req = np.asarray(done, dtype=np.int64)
@@ -185,7 +183,7 @@ class IterationEngine(Engine):
         pf, fin = self._pf[r], self._fin[r]
         arr, out, first = self._arr_list, self._out, self._first
         ttft, tpot, queue_s = self.ttft, self.tpot, self.queue_s
-        t, v, d, S = self._free[r], self._it[r], self._dec[r], self._ctx[r]
+        t, v, d, S = self._free[r], self._it[r], len(fin), self._ctx[r]  # every decoding sequence is in fin
         P = self._p_list
         fl = int(self.r_flavor[r])
         while True:
@@ -258,7 +256,7 @@ class IterationEngine(Engine):
                 freed = True
             if freed and t < T1:
                 self._pull(r, t, T1)
-        self._free[r], self._it[r], self._dec[r], self._ctx[r] = t, v, d, S
+        self._free[r], self._it[r], self._ctx[r] = t, v, S
         return t < T1 and (d > 0 or bool(pf))
 
     def _finish_one(self, r: int, q: int, flavor: int) -> None:
