@@ -75,9 +75,10 @@ class IterationEngine(Engine):
         self._free: list[float] = []  # when its engine loop can start the next iteration
         self._it: list[int] = []  # iterations done
         self._pf: list[deque[list[float]]] = []  # prompts not fully prefilled, FIFO
-        self._ctx: list[int] = []  # their context tokens, summed (decode attention reads all of them)
-        # Sequences decoding: a heap of (iteration of the last token, trace index).
+        # Sequences decoding: a heap of (iteration of the last token, trace index), and their context tokens
+        # summed (decode attention reads all of them).
         self._fin: list[list[tuple[int, int]]] = []
+        self._ctx: list[int] = []
         self._cost: list[tuple[float, ...]] = []
         self._first: dict[int, float] = {}  # engine time of the first token, per decoding request
         self._busy: set[int] = set()  # replicas with requests
