@@ -124,7 +124,39 @@ def capacity_note(cat: Catalog, tr: Trace, oracle: OraclePolicy, model: str) -> 
             + (f" (not cheaper per request, one run each: {', '.join(dom)})" if dom else "") + ".")
 
 
-def shortfall_notes(cat: Catalog, traces: list[Trace], model: str) -> str:
+def steady_state(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, SimResult]],
+                 steady: dict[int, dict[str, SimResult]], cfg: SimConfig) -> str:
+    """Every policy again on each trace played twice, only the second pass scored (``--repeat 2 --warmup
+    pass``): the fleet and rate history a controller that has run for a while would have."""
+    parts = ["\n## Steady state: each trace played twice, the second pass scored\n\n"
+             "The runs above start from an empty history and a fleet sized for the trace's first minute (every "
+             "policy is placed warm for it at t=0). A controller in production has run for hours: here each "
+             "trace is played twice back to back and only the second pass counts, requests and cost "
+             "(`rayscale simulate ... --repeat 2 --warmup pass`). The oracle is unchanged by it (instant nodes, "
+             "perfect foresight); the difference for the others is what the cold start cost them.\n"]
+    rows: list[list[Any]] = []
+    for i, tr in enumerate(traces):
+        tr2 = tr.repeat(2)
+        c2 = replace(cfg, warmup_s=float(tr2.arrival_s[len(tr)]))
+        pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s),
+                              make_policy("stock", cfg.planner), make_policy("static-peak", cfg.planner),
+                              OraclePolicy(planner=cfg.planner)]
+        results = [simulate(cat, tr2, p, c2) for p in pols]
+        steady[i] = {r.policy: r for r in results}
+        parts.append(f"\n### {CASES[i][0]}\n\n```\n{render_table(results, tr2.name)}\n```\n")
+        for r in results:
+            b = base[i][r.policy]
+            rows.append([SHORT[i], r.policy, f"{100 * b.slo_attainment:.2f}%", f"{100 * r.slo_attainment:.2f}%",
+                         round(b.cost_usd, 2), round(r.cost_usd, 2), b.ttft_p95_s, r.ttft_p95_s])
+        print(parts[-1], flush=True)
+    parts.append("\nCold start (the tables above) against steady state, per policy:\n\n```\n" + format_table(
+        ["trace", "policy", "SLO cold", "SLO steady", "$ cold", "$ steady", "TTFT p95 cold", "TTFT p95 steady"],
+        rows) + "\n```\n")
+    return "".join(parts)
+
+
+def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
+                    steady: dict[int, dict[str, SimResult]] | None = None) -> str:
     """The arithmetic behind the misses, from the traces and the catalog alone (no simulation)."""
     import numpy as np
 
@@ -137,9 +169,17 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str) -> str:
     r10 = float((np.histogram(x, bins=np.arange(0, x[-1] + 10, 10))[0] / 10).max())
     r60 = float((np.histogram(x, bins=np.arange(0, x[-1] + 60, 60))[0] / 60).max())
     short = float((np.maximum(az.output_tokens, 1) < 10).mean())
+    lines = []
+    for i, name in enumerate(SHORT):
+        if steady and i in steady and "rayscale" in steady[i]:
+            r, o, st = steady[i]["rayscale"], steady[i]["oracle"], steady[i]["stock"]
+            lines.append(f"- {name}: rayscale {100 * r.slo_attainment:.2f}% SLO, ${r.cost_usd:.2f} = "
+                         f"{r.cost_usd / o.cost_usd:.1f}x the oracle and {r.cost_usd / st.cost_usd:.2f}x stock "
+                         f"({100 * st.slo_attainment:.2f}% SLO)")
+    steady_txt = ("\nIn steady state (second pass, section above):\n\n" + "\n".join(lines) + "\n") if lines else ""
     return f"""
 ## Where rayscale falls short, and why
-
+{steady_txt}
 - Bursty: a burst lasts 300 s; a replica takes node start + model load = {starts[0]:.0f}-{starts[-1]:.0f} s
   ({model}, by flavor). Capacity ordered when a burst begins lands {starts[0] - 300:.0f} s or more after it
   ended, so a reactive policy serves a burst only with what already runs. The first burst holds {first:,}
@@ -149,7 +189,8 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str) -> str:
   the history holds two periods (62 min here), the detected 30-min season orders capacity a start-up
   time ahead of every later burst. Reaching 99% needs a history from an earlier period (a production
   controller that has run for a day has one; the simulator starts empty) or burst capacity from the start
-  (static-peak; it still misses 99% here, for the estimator's error in the last point).
+  (static-peak; it still misses 99% here, for the estimator's error in the last point). The steady-state
+  pass above is the first of these: the second play of the trace finds the first's history.
 - Azure code x3: the load swings within the minute (peak 10-s rate {r10:.0f} req/s, peak 1-min
   {r60:.0f}, mean {len(x) / x[-1]:.1f}); its p95 prompt of {float(np.percentile(az.prompt_tokens, 95)):.0f}
   tokens takes 1.5 s of prefill on a 5,000 token/s flavor, and {100 * short:.0f}% of the answers are under 10
@@ -161,6 +202,16 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str) -> str:
   and, here, the estimator's error: it predicts more per-replica capacity than the engine sustains at
   99% per-request attainment (see the capacity lines above), and its per-flavor corrections are noisy, so
   the planner swaps flavors (make-before-break pays for both while the new ones start).
+- Fleet shape: a scale-up only adds, and the cheapest replica for a small increment is a small one, so
+  through the diurnal ramp the fleet grows inf2 by inf2 and the hysteresis band then keeps it: 15 inf2 at
+  the peak, where a fresh plan on the estimator's own corrected capacities runs 4-5 L40S for about 16%
+  less. A consolidation step (Karpenter's "replace": re-plan a fleet that has dwelt, move when it saves
+  15% and repays its start-up within an hour) was tried and not merged (branch `wip/consolidation`): with
+  per-flavor corrections this noisy, a flavor nobody runs looks cheaper than every flavor that runs (its
+  correction is still 1.0), the fleet moved to it, measured it, and moved back. It cost more than it saved
+  (diurnal +5.6%, Azure x3 +26%; giving unobserved flavors the mean observed correction, +1.5% and +167%,
+  the latter with H100 replicas at $55/h each once L40S was corrected out of the TTFT SLO). Consolidation
+  needs corrections that are comparable across flavors first.
 """
 
 
@@ -214,6 +265,8 @@ def main() -> None:
     ap.add_argument("--plots", action="store_true", help="also write bench/results/sim_case<N>.png")
     ap.add_argument("--tradeoffs", action="store_true", help="also tabulate rayscale under other settings")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-steady", action="store_true",
+                    help="skip the steady-state runs (each trace played twice, the second pass scored)")
     ap.add_argument("--no-engine-check", action="store_true",
                     help="skip re-running rayscale and stock on the iteration engine model")
     args = ap.parse_args()
@@ -252,6 +305,9 @@ def main() -> None:
 
             plot_results([r for r in results if r.policy in ("rayscale", "stock", "oracle")],
                          str(Path(args.out).parent / f"sim_case{i + 1}.png"), title=label)
+    steady: dict[int, dict[str, SimResult]] = {}
+    if not args.no_steady:
+        out.append(steady_state(cat, traces, base, steady, cfg))
     if not args.no_engine_check:
         out.append(engine_check(cat, traces, base, cfg))
     if args.tradeoffs:
@@ -262,7 +318,7 @@ def main() -> None:
                    "the highest rate of the last N one-minute windows); `holdN`: the same without the season. "
                    "/oracle and /stock: cost over the fluid oracle's and the stock stack's above.\n\n```\n"
                    + run_tradeoffs(cat, traces, base, args.seed, cfg.planner.solver) + "\n```\n")
-    out.append(shortfall_notes(cat, traces, cfg.model))
+    out.append(shortfall_notes(cat, traces, cfg.model, steady))
     Path(args.out).write_text("\n".join(out))
 
 

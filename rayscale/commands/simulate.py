@@ -27,6 +27,9 @@ def register(sub: Any) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
     p.add_argument("--repeat", type=int, default=1, help="play the trace this many times back to back")
+    p.add_argument("--warmup", default="0", metavar="S|pass",
+                   help="serve the first S seconds but score neither their requests nor their cost; 'pass' with "
+                        "--repeat N >= 2: the first pass (steady state: the controller has seen the trace once)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
     p.add_argument("--control-period", type=float, default=5.0, help="policy period, seconds")
@@ -67,11 +70,12 @@ def run(args: argparse.Namespace) -> int:
             if model not in cat.models:
                 raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
         trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat)
+        warmup = _warmup(args.warmup, trace, args.repeat)
         engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
         cfg = SimConfig(model=model, seed=args.seed, control_period_s=args.control_period,
-                        planner=PlannerSettings(solver=args.solver), engine=engine)
+                        planner=PlannerSettings(solver=args.solver), engine=engine, warmup_s=warmup)
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -98,6 +102,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warmup(value: str, trace: Any, repeat: int) -> float:
+    if value == "pass":
+        if repeat < 2:
+            raise ValueError("--warmup pass needs --repeat 2 or more (the first pass is the warm-up)")
+        return float(trace.arrival_s[len(trace) // repeat])  # the second pass's first arrival
+    try:
+        s = float(value)
+    except ValueError:
+        raise ValueError(f"--warmup: expected seconds or 'pass', got {value!r}") from None
+    if not s >= 0:
+        raise ValueError(f"--warmup must be >= 0 seconds, got {value}")
+    return s
+
+
 def render_table(results: list[Any], trace_name: str) -> str:
     from rayscale.tables import format_table
 
@@ -112,4 +130,8 @@ def render_table(results: list[Any], trace_name: str) -> str:
              r.failed_requests, r.scale_up_events, r.wall_s] for r in results]
     head = ["policy", "requests", "SLO met", "TTFT p95 s", "TPOT p95 s", "cost $", "vs oracle", "vs stock",
             "accel h", "idle node h", "failed", "scale-ups", "wall s"]
-    return format_table(head, rows, title=f"trace {trace_name}")
+    title = f"trace {trace_name}"
+    warm = results[0].extra.get("warmup_s") if results else None
+    if warm:
+        title += f", scored after a {warm:g} s warm-up ({results[0].extra['requests_warmup']} requests served unscored)"
+    return format_table(head, rows, title=title)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -123,6 +123,10 @@ class CloudTotals:
     scale_up_events: int
     capacity_errors: int
     spot_interruptions: int
+
+    def __sub__(self, earlier: CloudTotals) -> CloudTotals:
+        """What accrued between ``earlier`` and these books."""
+        return CloudTotals(*(a - b for a, b in zip(astuple(self), astuple(earlier), strict=True)))
 
 
 class Cluster:
@@ -474,6 +478,21 @@ class Cluster:
             node = self.nodes[obj]
             if node.gang is None:
                 self._release(node, t)
+
+    def snapshot(self, now: float) -> CloudTotals:
+        """The books as if closed at ``now``, without closing them (what a warm-up leaves out)."""
+        cost, dev_h, node_h, idle_h = self._closed_cost, self._closed_dev_h, self._closed_node_h, self._closed_idle_h
+        for node in self.nodes.values():
+            if node.t_end is not None or node.t_launch > now:
+                continue
+            h = (now - node.t_launch) / 3600.0
+            serving = node.serving_s + (now - node.serve_since if node.serve_since is not None else 0.0)
+            cost += h * node.usd_per_h
+            dev_h += h * node.devices
+            node_h += h
+            idle_h += h - serving / 3600.0
+        return CloudTotals(cost, dev_h, node_h, idle_h, self.scale_up_events, self.capacity_errors,
+                           self.spot_interruptions)
 
     def finish(self, now: float) -> CloudTotals:
         """Close the books at the end of the run (every node still up is billed until ``now``)."""

@@ -309,6 +309,10 @@ class OraclePolicy(Policy):
             self.fluid_dev_h += self._rate[1] * h
         self._last = now
 
+    def mark_warmup(self) -> None:
+        """The simulation's warm-up ended (accrued up to now): the bound counts from here."""
+        self.fluid_usd = self.fluid_dev_h = 0.0
+
     def extra(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fluid_cost_usd": self.fluid_usd, "fluid_accelerator_hours": self.fluid_dev_h}
         out.update({f"capacity_rps_{f}": c.rps for f, c in sorted(self.capacity.items())})

@@ -20,7 +20,7 @@ from rayscale.core.catalog import Catalog
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
 from rayscale.sim.capacity import CapacitySettings
-from rayscale.sim.cloud import CloudConfig, Cluster
+from rayscale.sim.cloud import CloudConfig, CloudTotals, Cluster
 from rayscale.sim.engine import DONE, FAILED, EngineConfig, make_engine, p95
 from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
 from rayscale.sim.trace import Trace
@@ -35,6 +35,10 @@ class SimConfig:
     history_window_s: float = 60.0  # one forecaster sample per this long
     history_len: int = 120
     drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
+    # Requests arriving before this are served but not scored, and cost accrues from it on: a controller
+    # that has run for a while has a fleet and a rate history; a simulation starting empty has neither.
+    # With --repeat 2 and the trace's length, the second pass is measured in steady state.
+    warmup_s: float = 0.0
     timeline_bucket_s: float = 60.0
     # rayscale's settings in the simulator (bench/results/sim_policies.md, "rayscale settings"): the
     # peak-hold seasonal forecaster and a scale-down delay about as long as a replica takes to start
@@ -54,6 +58,8 @@ class SimConfig:
         for name in ("control_period_s", "signal_window_s", "history_window_s", "timeline_bucket_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.warmup_s >= 0:
+            raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
 
 
 @dataclass
@@ -96,6 +102,9 @@ class Simulation:
             raise ValueError(f"unknown model {cfg.model!r}; allowed: {sorted(catalog.models)}")
         if len(trace) == 0:
             raise ValueError(f"trace {trace.name!r} has no requests")
+        if cfg.warmup_s > 0 and cfg.warmup_s >= float(trace.arrival_s[-1]):
+            raise ValueError(f"warmup_s {cfg.warmup_s:g} s leaves no request of trace {trace.name!r} to score "
+                             f"(its last arrives at {float(trace.arrival_s[-1]):.0f} s)")
         self.catalog, self.trace, self.policy, self.cfg = catalog, trace, policy, cfg
         self.model = cfg.model
         self.spec = catalog.models[cfg.model]
@@ -223,7 +232,13 @@ class Simulation:
         T = 0.0
         ticks = 0
         bar = _progress(last, progress)
+        books: CloudTotals | None = None  # the cloud's books when the warm-up ended
         while True:
+            if books is None and cfg.warmup_s > 0 and cfg.warmup_s <= T + 1e-9:
+                books = cl.snapshot(T)
+                if isinstance(self.policy, OraclePolicy):
+                    self.policy.accrue(T)
+                    self.policy.mark_warmup()
             if next_control <= T + 1e-9:
                 self.policy.control(T, self)
                 next_control += cfg.control_period_s
@@ -258,6 +273,8 @@ class Simulation:
             self.policy.accrue(T)
         eng.fail_unfinished(T)
         totals = cl.finish(T)
+        if books is not None:
+            totals = totals - books
         return self._result(T, ticks, time.perf_counter() - t0, totals)
 
     def _result(self, end: float, ticks: int, wall: float, totals: Any) -> SimResult:
@@ -269,12 +286,19 @@ class Simulation:
         tpot = eng.tpot[multi]
         # A single-token answer has no inter-token time: it meets the TPOT SLO by definition.
         tpot_ok = np.where(self.output > 1, eng.tpot <= slo.tpot_p95_s + 1e-9, True)
-        ok = done & (eng.ttft <= slo.ttft_p95_s + 1e-9) & tpot_ok
-        n = len(self.arr)
+        ok = ok_all = done & (eng.ttft <= slo.ttft_p95_s + 1e-9) & tpot_ok
+        scored = self.arr >= self.cfg.warmup_s
+        if self.cfg.warmup_s > 0:
+            done, multi, ok = done & scored, multi & scored, ok & scored
+            ttft, tpot = eng.ttft[done], eng.tpot[multi]
+        n = int(scored.sum())
         extra = self.policy.extra()
+        if self.cfg.warmup_s > 0:
+            extra["warmup_s"] = self.cfg.warmup_s
+            extra["requests_warmup"] = len(self.arr) - n
         cost, dev_h = totals.cost_usd, totals.accelerator_hours
         if isinstance(self.policy, OraclePolicy):
-            extra = {**{k: v for k, v in extra.items() if k.startswith("capacity_")},
+            extra = {**{k: v for k, v in extra.items() if k.startswith(("capacity_", "warmup_", "requests_"))},
                      "integer_cost_usd": cost, "integer_accelerator_hours": dev_h}
             cost, dev_h = self.policy.fluid_usd, self.policy.fluid_dev_h
         return SimResult(
@@ -282,11 +306,11 @@ class Simulation:
             slo_attainment=float(ok.sum()) / n,
             ttft_p95_s=p95(ttft) if len(ttft) else math.nan,
             tpot_p95_s=p95(tpot) if len(tpot) else math.nan,
-            cost_usd=cost, accelerator_hours=dev_h, idle_node_hours=totals.idle_node_hours,
-            failed_requests=int((eng.status == FAILED).sum()), scale_up_events=totals.scale_up_events,
+            cost_usd=cost, accelerator_hours=dev_h, idle_node_hours=max(totals.idle_node_hours, 0.0),  # not -1e-13
+            failed_requests=int(((eng.status == FAILED) & scored).sum()), scale_up_events=totals.scale_up_events,
             wall_s=wall, sim_s=end, node_hours=totals.node_hours, capacity_errors=totals.capacity_errors,
             spot_interruptions=totals.spot_interruptions, ticks=ticks, extra=extra,
-            timeline=self._timeline(end, ok),
+            timeline=self._timeline(end, ok_all),
         )
 
     def _timeline(self, end: float, ok: np.ndarray) -> dict[str, Any]:

@@ -126,3 +126,35 @@ def test_signals_count_completions_and_prefill_time_per_flavor():
         prefill = eng.ttft[sel] - eng.queue_s[sel]  # TTFT without the wait for a replica
         assert o.prefill_mean_s == pytest.approx(float(prefill.mean()), rel=1e-6)
         assert (prefill > 0).all() and (eng.queue_s[sel] >= 0).all()
+
+
+def test_warmup_scores_only_later_requests_and_later_cost(results):
+    # static-peak runs one fleet from t=0 to the end: cost after the warm-up is that fleet for the rest.
+    full = results["static-peak"]
+    w = 600.0
+    r = simulate(CAT, TRACE, "static-peak", SimConfig(seed=1, warmup_s=w))
+    assert r.requests == int((TRACE.arrival_s >= w).sum()) < len(TRACE)
+    assert r.extra["requests_warmup"] == int((TRACE.arrival_s < w).sum())
+    assert r.cost_usd == pytest.approx(full.cost_usd * (r.sim_s - w) / r.sim_s, rel=0.02)
+    assert r.scale_up_events == 0
+    # The oracle's bound and its integer plan both count from the warm-up on.
+    o = simulate(CAT, TRACE, "oracle", SimConfig(seed=1, warmup_s=w))
+    assert o.cost_usd < results["oracle"].cost_usd
+    assert o.extra["integer_cost_usd"] < results["oracle"].extra["integer_cost_usd"]
+    assert o.extra["warmup_s"] == w
+    with pytest.raises(ValueError, match="warmup_s 1e"):
+        simulate(CAT, TRACE, "static-peak", SimConfig(warmup_s=1e6))
+
+
+def test_cli_warmup_pass_scores_the_second_pass(capsys):
+    argv = ["simulate", "--trace", "gen:poisson:rate=2,hours=0.1", "--policy", "static-peak", "--json",
+            "--no-progress"]
+    assert cli_main(argv) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert cli_main([*argv, "--repeat", "2", "--warmup", "pass"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["requests"] == one["requests"] == two["requests_warmup"]
+    assert cli_main([*argv, "--warmup", "pass"]) == 2
+    assert "--warmup pass needs --repeat" in capsys.readouterr().err
+    assert cli_main([*argv, "--warmup", "soon"]) == 2
+    assert "--warmup: expected seconds or 'pass', got 'soon'" in capsys.readouterr().err
