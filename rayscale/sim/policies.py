@@ -309,8 +309,9 @@ class OraclePolicy(Policy):
             self.fluid_dev_h += self._rate[1] * h
         self._last = now
 
-    def mark_warmup(self) -> None:
-        """The simulation's warm-up ended (accrued up to now): the bound counts from here."""
+    def mark_warmup(self, now: float) -> None:
+        """The simulation's warm-up ends at ``now``: the bound counts from here."""
+        self.accrue(now)
         self.fluid_usd = self.fluid_dev_h = 0.0
 
     def extra(self) -> dict[str, Any]:

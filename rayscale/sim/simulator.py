@@ -237,8 +237,7 @@ class Simulation:
             if books is None and cfg.warmup_s > 0 and cfg.warmup_s <= T + 1e-9:
                 books = cl.snapshot(T)
                 if isinstance(self.policy, OraclePolicy):
-                    self.policy.accrue(T)
-                    self.policy.mark_warmup()
+                    self.policy.mark_warmup(T)
             if next_control <= T + 1e-9:
                 self.policy.control(T, self)
                 next_control += cfg.control_period_s
@@ -280,17 +279,14 @@ class Simulation:
     def _result(self, end: float, ticks: int, wall: float, totals: Any) -> SimResult:
         eng = self.engine
         slo = self.spec.slo
-        done = eng.status == DONE
-        ttft = eng.ttft[done]
-        multi = done & (self.output > 1)
-        tpot = eng.tpot[multi]
+        scored = self.arr >= self.cfg.warmup_s  # every request without a warm-up
         # A single-token answer has no inter-token time: it meets the TPOT SLO by definition.
         tpot_ok = np.where(self.output > 1, eng.tpot <= slo.tpot_p95_s + 1e-9, True)
-        ok = ok_all = done & (eng.ttft <= slo.ttft_p95_s + 1e-9) & tpot_ok
-        scored = self.arr >= self.cfg.warmup_s
-        if self.cfg.warmup_s > 0:
-            done, multi, ok = done & scored, multi & scored, ok & scored
-            ttft, tpot = eng.ttft[done], eng.tpot[multi]
+        ok_all = (eng.status == DONE) & (eng.ttft <= slo.ttft_p95_s + 1e-9) & tpot_ok  # the timeline shows all
+        ok = ok_all & scored
+        done = (eng.status == DONE) & scored
+        ttft = eng.ttft[done]
+        tpot = eng.tpot[done & (self.output > 1)]
         n = int(scored.sum())
         extra = self.policy.extra()
         if self.cfg.warmup_s > 0:
