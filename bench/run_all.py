@@ -9,6 +9,7 @@ BENCHES = [
     ["bench.planner", "--out", "bench/results/planner.md"],
     ["bench.simulate_speed"],
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
+    ["bench.capacity_error", "--out", "bench/results/capacity_error.md"],
     ["bench.serving_overhead", "--write"],
     ["bench.controller_vs_serve", "--out", "bench/results/controller_vs_serve.md"],
     ["bench.fidelity", "--out", "bench/results/fidelity.md", "--plot", "bench/results/fidelity.png"],
