@@ -24,7 +24,7 @@ from rayscale.core.catalog import Catalog
 from rayscale.core.estimate import EstimateSettings, replica_capacity
 from rayscale.core.forecast import Forecaster, Seasonal
 from rayscale.core.plan import PlannerSettings
-from rayscale.sim.policies import OraclePolicy, Policy, RayscalePolicy, make_policy
+from rayscale.sim.policies import POLICIES, OraclePolicy, Policy, RayscalePolicy, make_policy
 from rayscale.sim.simulator import SimConfig, SimResult, Simulation, simulate
 from rayscale.sim.sources import load_spec
 from rayscale.sim.trace import Trace
@@ -138,10 +138,7 @@ def steady_state(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, Si
     for i, tr in enumerate(traces):
         tr2 = tr.repeat(2)
         c2 = replace(cfg, warmup_s=float(tr2.arrival_s[len(tr)]))
-        pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s),
-                              make_policy("stock", cfg.planner), make_policy("static-peak", cfg.planner),
-                              OraclePolicy(planner=cfg.planner)]
-        results = [simulate(cat, tr2, p, c2) for p in pols]
+        results = [simulate(cat, tr2, name, c2) for name in POLICIES]  # built from c2 as `rayscale simulate` does
         steady[i] = {r.policy: r for r in results}
         parts.append(f"\n### {CASES[i][0]}\n\n```\n{render_table(results, tr2.name)}\n```\n")
         for r in results:
