@@ -2,15 +2,17 @@
 
 Capacity is counted in requests per second of the model's current request mix. One replica on a flavor
 runs a batch of b sequences; prefill of new requests interleaves with decode (chunked prefill), so the
-time per output token a sequence sees is
+time per output token the mean request sees is
 
     TPOT(b) = alpha + beta*b + b*P/(R*O)
 
 (P, O: prompt and output tokens per request, R: prefill tokens/s), and by Little's law it completes
-lambda(b) = b / (O * TPOT(b)) requests per second. The largest b that meets the TPOT SLO (and fits KV
-cache and max_num_seqs) gives the replica's capacity; a target utilisation below 1 leaves the queueing
-headroom that keeps TTFT p95 inside its SLO. Profiles are corrected by observed/predicted latency
-(as NVIDIA Dynamo's planner does), smoothed and clamped so one bad window cannot swing the plan.
+lambda(b) = b / (O * TPOT(b)) requests per second. The SLO counts requests, so the replica's capacity is
+the largest lambda(b) at which ``attainment`` of them meet both targets: rayscale.core.attainment adds the
+tails the mean leaves out (prefill stalls in short answers, waits behind other prompts), bounded by KV
+cache and max_num_seqs. A target utilisation below 1 leaves headroom for what no model of one replica
+sees (bursts, forecast error). Profiles are corrected by observed/predicted latency (as NVIDIA Dynamo's
+planner does), smoothed and clamped so one bad window cannot swing the plan.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from typing import Any
 
 import numpy as np
 
+from rayscale.core.attainment import LOAD_FLOOR, Rows, at_load, largest_load, mix_quantiles, tpot_quantile
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+
+# Share of requests a replica's capacity serves within both SLO targets: issue 6's goal. The SLO's targets
+# are p95s; sizing for 99% leaves room for what the tail model leaves out (bursts within a minute).
+DEFAULT_ATTAINMENT = 0.99
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ class Correction:
 class ReplicaCapacity:
     flavor: str
     rps: float  # requests/s one replica serves within the SLO at the target utilisation; 0 if infeasible
-    batch: int  # sequences it runs at that load
+    batch: float  # sequences it runs on average at full load (before target utilisation); 0 if infeasible
     tpot_s: float
     ttft_floor_s: float  # TTFT of the p95 prompt with no queue
     reason: str = ""  # why infeasible, when rps == 0
@@ -68,30 +75,17 @@ def tpot_at(profile: Profile, batch: float, mix: RequestMix, corr: Correction = 
     return corr.tpot * (profile.itl_s(batch) + batch * profile.prefill_engine_s(mix.prompt_mean) / o)
 
 
+def tpot_p95_at(profile: Profile, slo: SLO, mix: RequestMix, batch: float) -> float:
+    """Per-request TPOT p95 the uncorrected tail model predicts at a mean batch: what a TPOT correction
+    compares a window's TPOT p95 with (the mean request's TPOT would read every tail as a slow profile)."""
+    rows = rows_of([profile], [slo], [mix], [Correction()])
+    return float(tpot_quantile(rows, np.array([max(batch, LOAD_FLOOR)]))[0])
+
+
 def replica_capacity(profile: Profile, slo: SLO, mix: RequestMix, corr: Correction = Correction(),
-                     target_utilization: float = 0.8) -> ReplicaCapacity:
-    p, o = mix.prompt_mean, max(mix.output_mean, 1.0)
-    ttft_floor = corr.ttft * profile.ttft_s(mix.prompt_p95)
-    if ttft_floor > slo.ttft_p95_s:
-        return ReplicaCapacity(profile.flavor, 0.0, 0, 0.0, ttft_floor,
-                               f"p95 prompt ({mix.prompt_p95:.0f} tok) prefills in {ttft_floor:.2f}s "
-                               f"> TTFT SLO {slo.ttft_p95_s}s")
-    # Largest batch meeting TPOT: corr*(alpha + b*(beta + prefill(P)/O)) <= slo.
-    per_seq = profile.itl_beta_s + profile.prefill_engine_s(p) / o
-    b_slo = math.floor((slo.tpot_p95_s / corr.tpot - profile.itl_alpha_s) / per_seq) if per_seq > 0 else 10**9
-    if b_slo < 1 and per_seq > 0 and (slo.tpot_p95_s - profile.itl_alpha_s) / per_seq >= 1:
-        # The profile meets the SLO; only the correction says it does not. Keep one sequence's worth of
-        # capacity so that a pessimistic correction makes the planner scale out, never give up.
-        b_slo = 1
-    b_kv = math.floor(profile.kv_tokens / max(p + o, 1.0))
-    b = min(b_slo, b_kv, profile.max_num_seqs)
-    if b < 1:
-        why = "KV cache holds no whole request" if b_kv < 1 else (
-            f"inter-token latency {tpot_at(profile, 1, mix, corr):.3f}s at batch 1 > TPOT SLO {slo.tpot_p95_s}s")
-        return ReplicaCapacity(profile.flavor, 0.0, 0, 0.0, ttft_floor, why)
-    tpot = tpot_at(profile, b, mix, corr)
-    lam = b / (o * tpot)
-    return ReplicaCapacity(profile.flavor, lam * target_utilization, b, tpot, ttft_floor)
+                     target_utilization: float = 0.8, attainment: float = DEFAULT_ATTAINMENT) -> ReplicaCapacity:
+    """What one replica on ``profile`` serves within the SLO (``replica_capacities`` for one row)."""
+    return replica_capacities([profile], [slo], [mix], [corr], target_utilization, attainment)[0]
 
 
 def _new(cls: type, **fields: Any) -> Any:
@@ -102,48 +96,80 @@ def _new(cls: type, **fields: Any) -> Any:
     return obj
 
 
-def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
-                       corrs: Sequence[Correction], target_utilization: float = 0.8) -> list[ReplicaCapacity]:
-    """``replica_capacity`` over many (profile, SLO, mix, correction) tuples at once, with numpy.
+def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
+          corrs: Sequence[Correction], uncorrected: bool = False) -> Rows:
+    lengths: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # per mix: shared by a model's rows
+    cols: list[tuple[float, ...]] = []
+    prompt, output = [], []
+    for pr, s, m, c in zip(profiles, slos, mixes, corrs, strict=True):
+        q = lengths.get(id(m))
+        if q is None:
+            q = lengths[id(m)] = mix_quantiles(m)
+        prompt.append(q[0])
+        output.append(q[1])
+        ct, cp = (1.0, 1.0) if uncorrected else (c.ttft, c.tpot)
+        cols.append((pr.prefill_tokens_per_s, pr.overhead_s, pr.itl_alpha_s, pr.itl_beta_s, pr.prefill_seq_s,
+                     pr.prefill_quadratic_s, s.ttft_p95_s, s.tpot_p95_s, ct, cp, max(m.output_mean, 1.0)))
+    r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o = np.array(cols, dtype=float).T
+    return Rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o,
+                np.array(prompt, dtype=float), np.array(output, dtype=float))
 
-    Same arithmetic in the same order as the scalar reference, so the results are identical (the tests
-    check it); infeasible entries are delegated to the scalar function for their reason text.
-    """
+
+def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
+                       corrs: Sequence[Correction], target_utilization: float = 0.8,
+                       attainment: float = DEFAULT_ATTAINMENT) -> list[ReplicaCapacity]:
+    """Per (profile, SLO, mix, correction): the largest arrival rate at which one replica serves
+    ``attainment`` of the mix's requests within both SLO targets (rayscale.core.attainment's tail model),
+    bounded by KV cache and max_num_seqs, times ``target_utilization``.
+
+    A flavor is infeasible when even an idle replica misses: the p95 prompt alone prefills past the TTFT
+    target, no request fits its KV cache, or the misses at no load exceed the allowance. A flavor the
+    uncorrected profile calls feasible keeps one sequence's worth of capacity however pessimistic its
+    correction, so that the planner scales it out and never gives up on it."""
     n = len(profiles)
     if n == 0:
         return []
-    ctx: dict[tuple[int, int, int], tuple[float, ...]] = {}  # per (slo, mix, corr): shared by a model's pairs
-    rows = []
-    for pr, s, m, c in zip(profiles, slos, mixes, corrs, strict=True):
-        key = (id(s), id(m), id(c))
-        t = ctx.get(key)
-        if t is None:
-            t = ctx[key] = (s.ttft_p95_s, s.tpot_p95_s, m.prompt_mean, m.output_mean, m.prompt_p95, c.ttft, c.tpot)
-        rows.append((pr.prefill_tokens_per_s, pr.overhead_s, pr.itl_alpha_s, pr.itl_beta_s, pr.max_num_seqs,
-                     pr.kv_tokens, pr.prefill_quadratic_s, pr.prefill_seq_s, *t))
-    cols = np.array(rows, dtype=float).T
-    r, over, alpha, beta, max_seqs, kv, quad, seq, ttft_slo, tpot_slo, p, o_raw, p95, c_ttft, c_tpot = cols
-    o = np.maximum(o_raw, 1.0)
-    ttft_floor = c_ttft * (0.0 + over + p95 / r + quad * p95 * p95)
-    per_seq = beta + (seq + p / r + quad * p * p) / o
-    with np.errstate(divide="ignore", invalid="ignore"):
-        b_slo = np.where(per_seq > 0, np.floor((tpot_slo / c_tpot - alpha) / per_seq), 1e9)
-        b_unc = np.where(per_seq > 0, (tpot_slo - alpha) / per_seq, 1e9)
-    b_slo = np.where((b_slo < 1) & (per_seq > 0) & (b_unc >= 1), 1.0, b_slo)
-    b_kv = np.floor(kv / np.maximum(p + o, 1.0))
-    b = np.minimum(np.minimum(b_slo, b_kv), max_seqs)
-    ok = (ttft_floor <= ttft_slo) & (b >= 1)
-    bf = np.where(ok, b, 1.0)
-    tpot = c_tpot * ((alpha + beta * np.maximum(bf, 1.0)) + bf * (seq + p / r + quad * p * p) / o)
-    rps = bf / (o * tpot) * target_utilization
+    allowed = 1.0 - attainment
+    rows = rows_of(profiles, slos, mixes, corrs)
+    p95 = np.array([m.prompt_p95 for m in mixes], dtype=float)
+    ttft_floor = rows.corr_ttft * (rows.overhead_s + p95 / rows.prefill_tokens_per_s + rows.quad_s * p95 * p95)
+    kv_fit = np.array([math.floor(pr.kv_tokens / max(m.prompt_mean + m.output_mean, 1.0))
+                       for pr, m in zip(profiles, mixes, strict=True)], dtype=float)
+    high = np.minimum(kv_fit, np.array([pr.max_num_seqs for pr in profiles], dtype=float))
+    idle = at_load(rows, np.full(n, LOAD_FLOOR))
+    floor_ok = (ttft_floor <= rows.ttft_slo) & (kv_fit >= 1)
+    ok = floor_ok & (idle.miss <= allowed)
+    batch = largest_load(rows, high, allowed)
+    # Never give up on a flavor only its correction rules out: one sequence, at the corrected latency.
+    rescue = floor_ok & ~ok
+    if rescue.any():
+        plain = at_load(rows_of(profiles, slos, mixes, corrs, uncorrected=True), np.full(n, LOAD_FLOOR))
+        rescue &= plain.miss <= allowed
+        batch = np.where(rescue, 1.0, batch)
+    load = at_load(rows, batch)
+    good = ok | rescue
+    rps = load.rps * target_utilization
     out: list[ReplicaCapacity] = []
-    ok_l, rps_l, b_l, tpot_l, floor_l = ok.tolist(), rps.tolist(), bf.tolist(), tpot.tolist(), ttft_floor.tolist()
+    good_l, rps_l, b_l, tpot_l, floor_l = (good.tolist(), rps.tolist(), batch.tolist(), load.tpot_mean_s.tolist(),
+                                          ttft_floor.tolist())
     for i in range(n):
-        if ok_l[i]:
-            out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=rps_l[i], batch=int(b_l[i]),
+        if good_l[i]:
+            out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=rps_l[i], batch=b_l[i],
                             tpot_s=tpot_l[i], ttft_floor_s=floor_l[i], reason=""))
+            continue
+        pr, s, m, c = profiles[i], slos[i], mixes[i], corrs[i]
+        if floor_l[i] > s.ttft_p95_s:
+            why = (f"p95 prompt ({m.prompt_p95:.0f} tok) prefills in {floor_l[i]:.2f}s > TTFT SLO "
+                   f"{s.ttft_p95_s}s")
+        elif kv_fit[i] < 1:
+            why = "KV cache holds no whole request"
+        elif c.tpot * pr.itl_s(1) > s.tpot_p95_s:
+            why = f"inter-token latency {tpot_at(pr, 1, m, c):.3f}s at batch 1 > TPOT SLO {s.tpot_p95_s}s"
         else:
-            out.append(replica_capacity(profiles[i], slos[i], mixes[i], corrs[i], target_utilization))
+            why = (f"an idle replica misses the SLO for {float(idle.miss[i]):.1%} of requests (TTFT "
+                   f"{float(idle.ttft_miss[i]):.1%}, TPOT {float(idle.tpot_miss[i]):.1%}) > {allowed:.0%}")
+        out.append(_new(ReplicaCapacity, flavor=pr.flavor, rps=0.0, batch=0.0, tpot_s=0.0,
+                        ttft_floor_s=floor_l[i], reason=why))
     return out
 
 
@@ -165,6 +191,7 @@ class Demand:
 @dataclass(frozen=True)
 class EstimateSettings:
     target_utilization: float = 0.8
+    attainment: float = DEFAULT_ATTAINMENT
     # Queued requests are cleared within this, on top of arrivals. Never faster than the model's quickest
     # replica start (node + load): capacity ordered for a backlog arrives only then, and ordering for a
     # 30 s drain when replicas take 10 min to start buys a fleet that lands idle after the queue is gone.
@@ -195,7 +222,8 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     profiles = catalog.profiles
     all_caps = replica_capacities(
         [profiles[profile_key(m, f)] for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
-        [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs], settings.target_utilization)
+        [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs], settings.target_utilization,
+        settings.attainment)
     caps_of: dict[str, dict[str, ReplicaCapacity]] = {name: {} for name in catalog.models}
     for (m, f), c in zip(pairs, all_caps, strict=True):
         caps_of[m][f] = c
@@ -275,6 +303,6 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
             old = previous.get((name, flavor), Correction())
             out[(name, flavor)] = old.updated(
                 ttft_obs, ttft_pred,
-                obs.tpot_p95_s, tpot_at(prof, max(batch, 1.0), mix), smoothing=smoothing,
+                obs.tpot_p95_s, tpot_p95_at(prof, catalog.models[name].slo, mix, batch), smoothing=smoothing,
             )
     return out

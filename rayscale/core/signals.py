@@ -6,8 +6,12 @@ them from its own clock. ``None`` means "not observed" and is never read as zero
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import numpy as np
 
 
 class Freshness(StrEnum):
@@ -16,13 +20,40 @@ class Freshness(StrEnum):
     MISSING = "missing"  # never observed (or source down since start)
 
 
+# Quantile bins of a mix's length distributions, as (probability of the node, weight): tail-weighted, so
+# that the 1% of requests an SLO of 99% attainment may miss is resolved at both ends (the longest prompts
+# miss TTFT, the shortest answers miss TPOT). Weights are the bins' widths between edges 0, 1, 5, 15, 35,
+# 65, 85, 95, 99, 100%.
+MIX_BIN_EDGES = (0.0, 0.01, 0.05, 0.15, 0.35, 0.65, 0.85, 0.95, 0.99, 1.0)
+MIX_QUANTILES = tuple((a + b) / 2 for a, b in itertools.pairwise(MIX_BIN_EDGES))
+MIX_WEIGHTS = tuple(b - a for a, b in itertools.pairwise(MIX_BIN_EDGES))
+
+
+def length_quantiles(lengths: Sequence[float] | np.ndarray) -> tuple[float, ...]:
+    """A sample's lengths at MIX_QUANTILES (numpy's linear interpolation); the sample must not be empty."""
+    return tuple(np.quantile(np.asarray(lengths, dtype=float), MIX_QUANTILES).tolist())
+
+
 @dataclass(frozen=True)
 class RequestMix:
-    """Token lengths of a model's requests over the window."""
+    """Token lengths of a model's requests over the window.
+
+    ``prompt_quantiles`` / ``output_quantiles``: the lengths at MIX_QUANTILES (from the window's requests,
+    or the engine's token histograms), when known; the estimator's tail terms read them, and fall back to a
+    log-normal through the mean (and p95) when they are not."""
 
     prompt_mean: float
     output_mean: float
     prompt_p95: float
+    prompt_quantiles: tuple[float, ...] | None = None
+    output_quantiles: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_quantiles", "output_quantiles"):
+            q = getattr(self, name)
+            if q is not None and len(q) != len(MIX_QUANTILES):
+                raise ValueError(f"RequestMix.{name}: expected {len(MIX_QUANTILES)} lengths at {MIX_QUANTILES}, "
+                                 f"got {len(q)}")
 
     @staticmethod
     def default() -> RequestMix:

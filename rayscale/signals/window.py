@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
+from rayscale.core.signals import MIX_QUANTILES, FlavorObservation, Freshness, ModelSignals, RequestMix
 
 Labels = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, Labels]  # (metric name, sorted labels)
@@ -84,6 +84,12 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return bs[-1][0]
+
+
+def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
+    """A token histogram's lengths at MIX_QUANTILES, for the estimator's tail terms; None without one."""
+    qs = [histogram_quantile(u, buckets) for u in MIX_QUANTILES]
+    return None if any(q is None for q in qs) else tuple(max(q or 0.0, 1.0) for q in qs)
 
 
 def _arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
@@ -182,7 +188,8 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
         p95 = histogram_quantile(0.95, a.buckets.get(PROMPT_HIST, {}))
         mix = None
         if prompt_mean is not None and output_mean is not None:
-            mix = RequestMix(prompt_mean, max(output_mean, 1.0), p95 or 2.0 * prompt_mean)
+            mix = RequestMix(prompt_mean, max(output_mean, 1.0), p95 or 2.0 * prompt_mean,
+                             _quantiles(a.buckets.get(PROMPT_HIST, {})), _quantiles(a.buckets.get(GEN_HIST, {})))
         flav = {}
         for (mm, f), fa in per_flavor.items():
             if mm != m or not f:

@@ -31,7 +31,7 @@ from rayscale.core.estimate import (
 )
 from rayscale.core.forecast import FORECASTERS, Forecaster
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
-from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
@@ -419,4 +419,5 @@ def make_policy(name: str, planner: PlannerSettings = _PLANNER, forecaster: str 
 def window_mix(prompt: np.ndarray, output: np.ndarray) -> RequestMix | None:
     if len(prompt) == 0:
         return None
-    return RequestMix(float(prompt.mean()), float(max(output.mean(), 1.0)), p95(prompt))
+    return RequestMix(float(prompt.mean()), float(max(output.mean(), 1.0)), p95(prompt), length_quantiles(prompt),
+                      length_quantiles(output))

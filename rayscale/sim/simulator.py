@@ -18,7 +18,7 @@ import numpy as np
 
 from rayscale.core.catalog import Catalog
 from rayscale.core.plan import PlannerSettings
-from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
+from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, CloudTotals, Cluster
 from rayscale.sim.engine import DONE, FAILED, EngineConfig, make_engine, p95
@@ -178,9 +178,11 @@ class Simulation:
         if hi > lo:
             # Prompt lengths are known at arrival, output lengths only once requests finish.
             out = self.output[done] if len(done) else (self.output[lo:hi] if self._last_mix is None else None)
-            out_mean = float(out.mean()) if out is not None else (self._last_mix.output_mean if self._last_mix else 1.0)
+            last = self._last_mix
+            out_mean = float(out.mean()) if out is not None else (last.output_mean if last else 1.0)
+            out_q = length_quantiles(out) if out is not None else (last.output_quantiles if last else None)
             p = self.prompt[lo:hi]
-            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), p95(p))
+            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), p95(p), length_quantiles(p), out_q)
         eng = self.engine
         ttft = eng.ttft[done]
         tpot = eng.tpot[done][self.output[done] > 1]

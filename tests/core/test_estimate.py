@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rayscale.config import load_catalog
+from rayscale.core.attainment import at_load
 from rayscale.core.catalog import SLO, Profile
 from rayscale.core.estimate import (
     Correction,
     DemandState,
     estimate,
     replica_capacity,
+    rows_of,
     tpot_at,
+    tpot_p95_at,
     update_corrections,
 )
 from rayscale.core.forecast import TrendSeasonal, last_value
@@ -22,14 +26,28 @@ PROF = Profile(model="m", flavor="f", prefill_tokens_per_s=5000, overhead_s=0.03
 MIX = RequestMix(prompt_mean=1000, output_mean=200, prompt_p95=3000)
 
 
-def test_capacity_meets_tpot_slo_at_its_batch() -> None:
+def test_capacity_is_the_largest_load_within_the_attainment() -> None:
     slo = SLO(ttft_p95_s=2.0, tpot_p95_s=0.1)
     cap = replica_capacity(PROF, slo, MIX, target_utilization=1.0)
     assert cap.feasible
-    assert tpot_at(PROF, cap.batch, MIX) <= slo.tpot_p95_s
-    assert tpot_at(PROF, cap.batch + 1, MIX) > slo.tpot_p95_s or cap.batch in (PROF.max_num_seqs, 60000 // 1200)
-    # Little's law: rps = batch / (output tokens x TPOT).
+    rows = rows_of([PROF], [slo], [MIX], [Correction()])
+    at = at_load(rows, np.array([cap.batch]))
+    assert at.miss[0] <= 0.01 + 1e-12  # 99% of requests within both targets at the capacity
+    assert at_load(rows, np.array([cap.batch * 1.01])).miss[0] > 0.01  # and not 1% further (KV allows 50)
+    assert cap.batch < 60000 // 1200
+    # The mean request meets TPOT with room to spare: the tail binds, not the mean.
+    assert tpot_at(PROF, cap.batch, MIX) < slo.tpot_p95_s
+    # Little's law: rps = batch / (output tokens x TPOT of the mean request).
     assert cap.rps == pytest.approx(cap.batch / (MIX.output_mean * cap.tpot_s))
+    # A looser attainment allows more load; utilisation scales the rate.
+    assert replica_capacity(PROF, slo, MIX, target_utilization=1.0, attainment=0.95).rps > cap.rps
+    assert replica_capacity(PROF, slo, MIX, target_utilization=0.5).rps == pytest.approx(cap.rps / 2)
+
+
+def test_kv_cache_bounds_the_batch() -> None:
+    small = PROF.model_copy(update={"kv_tokens": 3 * 1200})
+    cap = replica_capacity(small, SLO(ttft_p95_s=2.0, tpot_p95_s=0.1), MIX, target_utilization=1.0)
+    assert cap.batch == 3.0
 
 
 def test_looser_slo_and_faster_profile_give_more_capacity() -> None:
@@ -78,7 +96,7 @@ def test_backlog_adds_to_demand_and_forecast_never_below_current() -> None:
 def test_correction_tracks_observed_over_predicted_and_is_clamped() -> None:
     cat = load_catalog()
     prof = cat.profile("mistral-7b", "a10g")
-    pred = tpot_at(prof, 10, MIX)
+    pred = tpot_p95_at(prof, cat.models["mistral-7b"].slo, MIX, 10)
     sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.1, MIX,
                        per_flavor={"a10g": FlavorObservation(replicas=2, running_per_replica=10,
                                                             tpot_p95_s=2 * pred)})
@@ -98,7 +116,7 @@ def test_correction_tracks_observed_over_predicted_and_is_clamped() -> None:
 
 def test_a_handful_of_requests_does_not_move_the_correction() -> None:
     cat = load_catalog()
-    pred = tpot_at(cat.profile("mistral-7b", "a10g"), 10, MIX)
+    pred = tpot_p95_at(cat.profile("mistral-7b", "a10g"), cat.models["mistral-7b"].slo, MIX, 10)
 
     def sig(completed: float | None) -> ModelSignals:
         return ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.1, MIX, per_flavor={
@@ -114,7 +132,7 @@ def test_batch_for_the_correction_follows_littles_law_not_the_instant_gauge() ->
     cat = load_catalog()
     prof = cat.profile("mistral-7b", "a10g")
     busy = 40.0
-    obs_tpot = tpot_at(prof, busy, MIX)  # exactly what the profile predicts at that batch
+    obs_tpot = tpot_p95_at(prof, cat.models["mistral-7b"].slo, MIX, busy)  # exactly the profile at that batch
     rate = busy / (MIX.output_mean * obs_tpot)  # arrivals that keep 40 sequences running on one replica
     sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, rate, MIX,
                        per_flavor={"a10g": FlavorObservation(replicas=1, running_per_replica=0.0,
@@ -184,7 +202,7 @@ def test_tpot_correction_compares_with_the_busiest_replicas_batch_and_moves_by_t
 
     cat = load_catalog()
     prof = cat.profile("mistral-7b", "a10g")
-    obs_tpot = tpot_at(prof, 40, MIX)  # the busy replica runs 40 sequences, exactly as profiled
+    obs_tpot = tpot_p95_at(prof, cat.models["mistral-7b"].slo, MIX, 40)  # 40 sequences, as profiled
     sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.01, MIX, per_flavor={
         "a10g": FlavorObservation(replicas=2, running_per_replica=20.0, running_max_replica=40.0,
                                   tpot_p95_s=obs_tpot, completed=50)})

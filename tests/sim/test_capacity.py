@@ -9,7 +9,7 @@ import pytest
 
 from rayscale.config import load_catalog
 from rayscale.core.estimate import replica_capacity
-from rayscale.core.signals import RequestMix
+from rayscale.core.signals import RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings, Probe, batch_limit, cheapest_capacity, measure_capacity
 from rayscale.sim.engine import EngineConfig
 
@@ -38,14 +38,21 @@ def test_measured_rate_meets_the_slo_and_the_next_step_does_not():
     assert m.replicas == math.ceil(SMALL.pool_sequences / batch_limit(prof, SLO, CHAT_P, CHAT_O))
 
 
-def test_estimator_and_engine_disagree_in_both_directions():
-    """Why the oracle measures: the profile model is optimistic with chunked prefill on a prompt-heavy mix
-    (per-request TPOT tails) and pessimistic when prefill is free (no contention at all)."""
+def test_estimator_tracks_the_engine_with_chunked_prefill_and_not_without():
+    """The estimator's tail model is of chunked prefill (prompts stall decodes, wait for each other): on a
+    prompt-heavy mix on a slow-prefill flavor, where the mean-value model said 1.6x-3.8x, it lands near
+    what the engine sustains. With prefill free (no contention at all) the engine sustains far more."""
     prof = CAT.profile("mistral-7b", "a10g")
-    model = replica_capacity(prof, SLO, mix(CODE_P, CODE_O), target_utilization=1.0).rps
-    on = measure_capacity(prof, SLO, CODE_P, CODE_O, EngineConfig(), SMALL, guess_rps=model)
+    code = RequestMix(float(CODE_P.mean()), float(CODE_O.mean()), float(np.percentile(CODE_P, 95)),
+                      length_quantiles(CODE_P), length_quantiles(CODE_O))
+    model = replica_capacity(prof, SLO, code, target_utilization=1.0).rps
+    # A pool of ten replicas: the model is of Ray Serve's router spreading load over several (one or two
+    # replicas queue more, a hundred less; bench/capacity_error.py has both ends).
+    pool = CapacitySettings(pool_sequences=256, requests_per_sequence=6, min_requests=1000, iterations=5)
+    on = measure_capacity(prof, SLO, CODE_P, CODE_O, EngineConfig(), pool, guess_rps=model)
     off = measure_capacity(prof, SLO, CODE_P, CODE_O, EngineConfig(prefill_contention=False), SMALL, guess_rps=model)
-    assert on.rps < 0.8 * model
+    assert on.replicas == 10
+    assert 0.75 * on.rps <= model <= 1.33 * on.rps
     assert off.rps > 2 * model
 
 
