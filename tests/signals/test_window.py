@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from rayscale.core.signals import Freshness
+from rayscale.core.signals import MIX_QUANTILES, Freshness
 from rayscale.signals.window import (
     E2E,
     GEN,
     GEN_HIST,
     PREFILL,
     PROMPT,
+    PROMPT_HIST,
     RUNNING,
     TTFT,
     WAITING,
@@ -145,3 +146,31 @@ def test_parse_prometheus_text() -> None:
     )
     s = parse_prometheus(text)
     assert s == {("ray_vllm_num_requests_running", (("ReplicaId", "x"), ("flavor", "cpu"), ("model", "m"))): 3.0}
+
+
+def test_length_quantiles_come_from_the_token_histograms_of_the_window() -> None:
+    """The estimator's tail terms read the mix's lengths at MIX_QUANTILES: vLLM's prompt and generation
+    token histograms, differenced over the window like every histogram, and none without them."""
+    def rep(t: float, n: float) -> dict:
+        s = _rep("m", "a10g", "r1", t, n, n, 0, {})
+        lb = labels(model="m", flavor="a10g", ReplicaId="r1")
+        # In the window: 40 prompts, half of 100-1,000 tokens and half of 1,000-10,000; 40 answers of 1-10.
+        grow = (n - 100) / 40
+        for name, edges in ((PROMPT_HIST, {1000.0: 20, 10000.0: 40, float("inf"): 40}),
+                            (GEN_HIST, {10.0: 40, float("inf"): 40})):
+            for le, c in edges.items():
+                s[(name + "_bucket", tuple(sorted((*lb, ("le", str(le))))))] = 100 + c * grow
+            s[(name + "_count", lb)], s[(name + "_sum", lb)] = n, n * 10
+        s[(GEN_HIST + "_sum", lb)] = n * 5
+        return s
+
+    sig = aggregate([Scrape(0.0, rep(0, 100)), Scrape(10.0, rep(10, 140))], now=10.0)["m"]
+    assert sig.mix is not None and sig.mix.prompt_quantiles is not None and sig.mix.output_quantiles is not None
+    # Prometheus' interpolation inside the bucket: the median prompt is 1,000 tokens, the 99.5th ~9,955.
+    half = MIX_QUANTILES.index(0.5)
+    assert sig.mix.prompt_quantiles[half] == pytest.approx(1000.0)
+    assert sig.mix.prompt_quantiles[-1] == pytest.approx(1000 + 9000 * (0.995 * 40 - 20) / 20)
+    assert all(1.0 <= o <= 10.0 for o in sig.mix.output_quantiles)
+    plain = [Scrape(0.0, _rep("m", "a10g", "r1", 0, 1, 1, 0, {})), Scrape(10.0, _rep("m", "a10g", "r1", 10, 5, 5, 0, {}))]
+    mix = aggregate(plain, now=10.0)["m"].mix
+    assert mix is not None and mix.prompt_quantiles is None and mix.output_quantiles is None
