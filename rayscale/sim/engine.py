@@ -128,9 +128,12 @@ class Engine:
         self.ttft = np.full(n, np.nan, dtype=np.float32)
         self.tpot = np.full(n, np.nan, dtype=np.float32)
         self.t_fin = np.full(n, np.nan, dtype=np.float64)
-        # Arrival to admission onto a replica: ttft - queue_s is the prefill time vLLM reports
+        # Arrival to the start of its prefill: ttft - queue_s is the prefill time vLLM reports
         # (request_prefill_time_seconds), which the controller's TTFT correction compares with the profile.
+        # vLLM's scheduler queue holds a prompt until its first chunk is scheduled; here a prompt admitted
+        # onto a replica waits in the replica's prefill FIFO, and that wait is queue, not prefill.
         self.queue_s = np.full(n, np.nan, dtype=np.float32)
+        self._pf_started = np.zeros(n, dtype=np.bool_)
         self.flavor_of = np.full(n, -1, dtype=np.int16)  # flavor index of the replica that served it
         self.q_head = 0  # next trace index not yet admitted (the central FIFO queue is [q_head, arrived))
         self.arrived = 0
@@ -359,7 +362,7 @@ class Engine:
         self.p_req[m : m + k] = req
         self.p_rep[m : m + k] = rep
         self.p_tadm[m : m + k] = tadm
-        self.queue_s[req] = tadm - self.arr[req]  # vLLM's queued interval (router queue included)
+        self.queue_s[req] = tadm - self.arr[req]  # until its prefill starts (step): the router queue so far
         self.p_rem[m : m + k] = p
         if self.cfg.prefill_contention:
             self.p_tfirst[m : m + k] = np.nan
@@ -412,6 +415,14 @@ class Engine:
                 cum = cs - np.repeat(base, np.diff(np.append(starts, len(x))))
                 done_pf = cum <= processed[r_sorted] + 1e-6
                 pos = pf_idx[order]
+                ahead = cum - x  # prompt tokens before this one in its replica's FIFO
+                req_all = self.p_req[pos]
+                start = (ahead <= processed[r_sorted] + 1e-6) & ~self._pf_started[req_all]
+                if start.any():
+                    rs, q = r_sorted[start], req_all[start]
+                    t_start = np.maximum(T + ahead[start] / rho[rs], self.p_tadm[pos[start]])
+                    self.queue_s[q] = t_start - self.arr[q]
+                    self._pf_started[q] = True
                 if done_pf.any():
                     d = pos[done_pf]
                     rd = r_sorted[done_pf]

@@ -172,3 +172,18 @@ def test_p95_is_numpy_percentile_bit_for_bit():
     x = rng.random(50)
     x[7] = np.nan
     assert np.isnan(p95(x))
+
+
+def test_queue_lasts_until_a_prompts_prefill_starts_as_vllm_counts_it():
+    """Two 4,000-token prompts arrive together on one idle replica: the second waits in the replica's
+    prefill FIFO for the first, and vLLM counts that wait as queue (request_queue_time), not prefill
+    (request_prefill_time): ttft - queue_s is each prompt's own prefill."""
+    e = run([0.0, 0.0], [4000, 4000], [50, 50])
+    own = 4000 / PROF.prefill_tokens_per_s
+    assert e.queue_s[0] == pytest.approx(0.0, abs=1e-6)
+    assert e.queue_s[1] == pytest.approx(own, rel=0.05)  # behind the first prompt's tokens
+    for i in (0, 1):
+        assert e.ttft[i] - e.queue_s[i] == pytest.approx(PROF.ttft_s(4000), rel=0.05)
+    # Independent prefill: both start at once, nothing queues.
+    free = run([0.0, 0.0], [4000, 4000], [50, 50], cfg=INDEPENDENT)
+    assert np.allclose(free.queue_s, 0.0)
