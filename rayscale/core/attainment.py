@@ -27,7 +27,8 @@ it against the simulated engine per flavor and trace. Everything is numpy over r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -44,7 +45,6 @@ ROUTER_CHOICES = 2  # Ray Serve's request router: power of two choices
 # Log-normal spread of output lengths when the mix has no quantiles (chat and code traces: 0.9-1.0).
 OUTPUT_SIGMA = 1.0
 LOAD_FLOOR = 1e-3  # sequences per replica: the idle end of the search
-SEARCH_STEPS = 14  # bisection in log load: 1e-3..512 sequences resolved to 0.1%
 
 _Z95 = NormalDist().inv_cdf(0.95)
 _Z = tuple(NormalDist().inv_cdf(u) for u in MIX_QUANTILES)
@@ -151,30 +151,54 @@ def at_load(rows: Rows, batch: F64) -> Load:
     return Load(batch, rate, tpot_mean, np.where(stable, ttft_miss, 1.0), np.where(stable, tpot_miss, 1.0))
 
 
+GRID = 32  # loads (or thresholds) per row evaluated in one call; two rounds resolve a 5e5 range to ~1.3%
+
+
+def _tile(rows: Rows, k: int) -> Rows:
+    """Every row repeated k times in place (row i becomes rows i*k .. i*k+k-1): one call evaluates a grid."""
+    return Rows(*(np.repeat(getattr(rows, f.name), k, axis=0) for f in fields(Rows)))
+
+
+def _last_within(rows: Rows, lo: F64, hi: F64, ok_at: Callable[[Rows, F64], npt.NDArray[np.bool_]]
+                 ) -> tuple[F64, F64]:
+    """Per row, the bracket [x_i, x_i+1] of a log grid over [lo, hi] around the last point where ``ok_at``
+    holds (it holds below some point and fails above it); lo when it fails everywhere."""
+    n = len(lo)
+    steps = np.linspace(0.0, 1.0, GRID)
+    xs = np.exp(np.log(lo)[:, np.newaxis] + (np.log(hi) - np.log(lo))[:, np.newaxis] * steps)  # (n, GRID)
+    xs[:, 0], xs[:, -1] = lo, hi  # the ends exactly, not exp(log(x))
+    ok = ok_at(_tile(rows, GRID), xs.ravel()).reshape(n, GRID)
+    last = np.where(ok.any(axis=1), GRID - 1 - np.argmax(ok[:, ::-1], axis=1), 0)
+    nxt = np.minimum(last + 1, GRID - 1)
+    at = np.arange(n)
+    return xs[at, last], xs[at, nxt]
+
+
 def largest_load(rows: Rows, high: F64, allowed_miss: float) -> F64:
     """Per row, the largest mean batch in [LOAD_FLOOR, high] whose miss share is within ``allowed_miss``
-    (misses grow with load); rows that miss more even at LOAD_FLOOR get LOAD_FLOOR (the caller checks)."""
-    lo = np.full(len(high), math.log(LOAD_FLOOR))
-    hi = np.log(np.maximum(high, LOAD_FLOOR))
-    top_ok = at_load(rows, np.exp(hi)).miss <= allowed_miss
-    for _ in range(SEARCH_STEPS):
-        mid = (lo + hi) / 2.0
-        ok = at_load(rows, np.exp(mid)).miss <= allowed_miss
-        lo = np.where(ok, mid, lo)
-        hi = np.where(ok, hi, mid)
-    return np.where(top_ok, np.maximum(high, LOAD_FLOOR), np.exp(lo))
+    (misses grow with load), to ~1.3%; rows that miss more even at LOAD_FLOOR get LOAD_FLOOR (the caller
+    checks). Two rounds of a log grid, each one numpy call over rows x GRID."""
+    def ok_at(r: Rows, b: F64) -> npt.NDArray[np.bool_]:
+        return np.asarray(at_load(r, b).miss <= allowed_miss)
+
+    high = np.maximum(high, LOAD_FLOOR)
+    lo, hi = _last_within(rows, np.full(len(high), LOAD_FLOOR), high, ok_at)
+    lo, _ = _last_within(rows, lo, np.maximum(hi, lo), ok_at)
+    return lo
 
 
-def tpot_quantile(rows: Rows, batch: F64, q: float = 0.95, steps: int = 40) -> F64:
+def tpot_quantile(rows: Rows, batch: F64, q: float = 0.95) -> F64:
     """Per row, the per-request TPOT that a share ``q`` of the requests with more than one output token stay
-    within at this load: what a window's TPOT p95 should read if the profile is right."""
-    n = len(batch)
+    within at this load (to ~1%): what a window's TPOT p95 should read if the profile is right."""
     multi = (np.where(rows.output > 1.0, 1.0, 0.0) * WEIGHTS).sum(axis=1)
     s = rows.corr_tpot * (rows.alpha + rows.beta * np.maximum(batch, 1.0))
-    lo, hi = np.log(s), np.log(s + 60.0)  # no stall .. a minute per token
-    for _ in range(steps):
-        mid = (lo + hi) / 2.0
-        at = at_load(replace(rows, tpot_slo=np.exp(mid)), batch)
-        ok = at.tpot_miss <= (1.0 - q) * multi + 1e-15
-        lo, hi = np.where(ok, lo, mid), np.where(ok, mid, hi)
-    return np.asarray(np.exp(hi)) if n else np.zeros(0)
+
+    def above(r: Rows, t: F64) -> npt.NDArray[np.bool_]:
+        # "ok" while the threshold is still below the quantile: more than 1-q of them miss it.
+        k = len(t) // len(batch)
+        at = at_load(replace(r, tpot_slo=t), np.repeat(batch, k))
+        return np.asarray(at.tpot_miss > (1.0 - q) * np.repeat(multi, k) + 1e-15)
+
+    lo, hi = _last_within(rows, s, s + 60.0, above)  # no stall .. a minute per token
+    _, hi = _last_within(rows, lo, np.maximum(hi, lo), above)
+    return np.asarray(hi)

@@ -90,7 +90,11 @@ def test_predicted_tpot_p95_is_what_the_model_calls_the_95th_percentile() -> Non
     prof = CAT.profile("mistral-7b", "inf2")
     for batch in (0.5, 3.0, 10.0):
         p95 = tpot_p95_at(prof, SLO_, CODE, batch)
-        rows = rows_of([prof], [SLO_.model_copy(update={"tpot_p95_s": p95})], [CODE], [Correction()])
         multi = float(((np.array(CODE.output_quantiles) > 1) * WEIGHTS).sum())
-        assert float(at_load(rows, np.array([batch])).tpot_miss[0]) == pytest.approx(0.05 * multi, rel=1e-3)
+
+        def miss(t: float, batch: float = batch) -> float:
+            rows = rows_of([prof], [SLO_.model_copy(update={"tpot_p95_s": t})], [CODE], [Correction()])
+            return float(at_load(rows, np.array([batch])).tpot_miss[0])
+
+        assert miss(p95) <= 0.05 * multi < miss(0.98 * p95)  # resolved to ~1%
         assert p95 > tpot_at(prof, batch, CODE)  # the tail is above the mean request

