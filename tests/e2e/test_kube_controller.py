@@ -385,11 +385,16 @@ def test_load_step_adds_a_gang_and_serves_through_it(world: KubeWorld, serve_url
             ip = pod["status"]["podIP"]
             assert f"ip:{ip}" in g.node_ids and ip != "127.0.0.2"
             new_ips.add(ip)
-        # Serve placed a replica on a new gang's node, and requests were served by the engine there.
-        _wait(w, lambda: any(w.running_on(i) for i in new_ips), 180,
-              f"a Serve replica RUNNING on a new gang's node {sorted(new_ips)}")
-        _wait(w, lambda: any(_served_on(i) > 0 for i in new_ips), 60,
-              f"requests served by an engine on a new node {sorted(new_ips)}")
+        # Serve placed a replica on a new gang's node, and requests were served by the engine there. The
+        # step may add more than one gang, and Serve may start its replica on any of them: look at all.
+        def new_nodes() -> set[str]:
+            return {ip for g in w.ready() if g.name not in before for p in w.pods_of(g)
+                    if (ip := p["status"].get("podIP"))}
+
+        _wait(w, lambda: any(w.running_on(i) for i in new_nodes()), 180,
+              f"a Serve replica RUNNING on a new gang's node (first: {sorted(new_ips)})")
+        _wait(w, lambda: any(_served_on(i) > 0 for i in new_nodes()), 60,
+              f"requests served by an engine on a new node (first: {sorted(new_ips)})")
     finally:
         # The step ends: a trickle goes on, so the scale-down that follows drains under live traffic.
         w.trickle = SteadyLoad(serve_url, 0.0, seed=13, every_s=15.0)
