@@ -98,6 +98,8 @@ def _new(cls: type, **fields: Any) -> Any:
 
 def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
           corrs: Sequence[Correction], uncorrected: bool = False) -> Rows:
+    """The tail model's column arrays, one row per (profile, SLO, mix, correction); ``uncorrected``: every
+    correction taken as 1 (what the profile alone says)."""
     lengths: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # per mix: shared by a model's rows
     cols: list[tuple[float, ...]] = []
     prompt, output = [], []
