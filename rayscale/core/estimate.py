@@ -18,17 +18,29 @@ planner does), smoothed and clamped so one bad window cannot swing the plan.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from rayscale.core.attainment import LOAD_FLOOR, Rows, at_load, largest_load, mix_quantiles, tpot_quantile
+from rayscale.core.attainment import (
+    LOAD_FLOOR,
+    Rows,
+    at_load,
+    largest_load,
+    make_rows,
+    mix_quantiles,
+    rate_at,
+    subset,
+    tpot_quantile,
+)
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
-from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.signals import MIX_QUANTILES, Freshness, ModelSignals, RequestMix
 
 # Share of requests a replica's capacity serves within both SLO targets: issue 6's goal. The SLO's targets
 # are p95s; sizing for 99% leaves room for what the tail model leaves out (bursts within a minute).
@@ -96,25 +108,36 @@ def _new(cls: type, **fields: Any) -> Any:
     return obj
 
 
+_PROFILE_COLUMNS = itemgetter("prefill_tokens_per_s", "overhead_s", "itl_alpha_s", "itl_beta_s", "prefill_seq_s",
+                              "prefill_quadratic_s")
+_KV_COLUMNS = itemgetter("kv_tokens", "max_num_seqs")
+
+
+def _shared(items: Sequence[Any], f: Callable[[Any], Any]) -> tuple[list[Any], npt.NDArray[np.intp]]:
+    """``f`` of each distinct object in ``items`` (by identity) and, per item, the index of its value: a
+    model's rows share its mix and SLO, so each is worked out once."""
+    ids = np.fromiter(map(id, items), dtype=np.int64, count=len(items))
+    _, first, of_item = np.unique(ids, return_index=True, return_inverse=True)
+    return [f(items[i]) for i in first.tolist()], of_item.reshape(-1)
+
+
 def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
           corrs: Sequence[Correction], uncorrected: bool = False) -> Rows:
     """The tail model's column arrays, one row per (profile, SLO, mix, correction); ``uncorrected``: every
     correction taken as 1 (what the profile alone says)."""
-    lengths: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # per mix: shared by a model's rows
-    cols: list[tuple[float, ...]] = []
-    prompt, output = [], []
-    for pr, s, m, c in zip(profiles, slos, mixes, corrs, strict=True):
-        q = lengths.get(id(m))
-        if q is None:
-            q = lengths[id(m)] = mix_quantiles(m)
-        prompt.append(q[0])
-        output.append(q[1])
-        ct, cp = (1.0, 1.0) if uncorrected else (c.ttft, c.tpot)
-        cols.append((pr.prefill_tokens_per_s, pr.overhead_s, pr.itl_alpha_s, pr.itl_beta_s, pr.prefill_seq_s,
-                     pr.prefill_quadratic_s, s.ttft_p95_s, s.tpot_p95_s, ct, cp, max(m.output_mean, 1.0)))
-    r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o = np.array(cols, dtype=float).T
-    return Rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o,
-                np.array(prompt, dtype=float), np.array(output, dtype=float))
+    lengths, by_mix = _shared(mixes, lambda m: (*mix_quantiles(m), max(m.output_mean, 1.0)))
+    targets, by_slo = _shared(slos, lambda s: (s.ttft_p95_s, s.tpot_p95_s))
+    # Straight from the models' field dicts: attribute access on 14,000 pydantic profiles is most of the time.
+    r, over, alpha, beta, seq, quad = np.array(list(map(_PROFILE_COLUMNS, map(vars, profiles))),
+                                               dtype=float).reshape(-1, 6).T
+    ttft, tpot = np.array(targets, dtype=float).reshape(-1, 2)[by_slo].T
+    factors, by_corr = _shared(corrs, lambda c: (1.0, 1.0) if uncorrected else (c.ttft, c.tpot))
+    c_ttft, c_tpot = np.array(factors, dtype=float).reshape(-1, 2)[by_corr].T
+    nodes = len(MIX_QUANTILES)
+    prompt = np.array([q[0] for q in lengths], dtype=float).reshape(-1, nodes)[by_mix]
+    output = np.array([q[1] for q in lengths], dtype=float).reshape(-1, nodes)[by_mix]
+    o = np.array([q[2] for q in lengths], dtype=float)[by_mix]
+    return make_rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o, prompt, output)
 
 
 def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
@@ -133,26 +156,32 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
         return []
     allowed = 1.0 - attainment
     rows = rows_of(profiles, slos, mixes, corrs)
-    p95 = np.array([m.prompt_p95 for m in mixes], dtype=float)
+    sizes, by_mix = _shared(mixes, lambda m: (m.prompt_p95, max(m.prompt_mean + m.output_mean, 1.0)))
+    p95, request_tokens = np.array(sizes, dtype=float).reshape(-1, 2)[by_mix].T
     ttft_floor = rows.corr_ttft * (rows.overhead_s + p95 / rows.prefill_tokens_per_s + rows.quad_s * p95 * p95)
-    kv_fit = np.array([math.floor(pr.kv_tokens / max(m.prompt_mean + m.output_mean, 1.0))
-                       for pr, m in zip(profiles, mixes, strict=True)], dtype=float)
-    high = np.minimum(kv_fit, np.array([pr.max_num_seqs for pr in profiles], dtype=float))
-    idle = at_load(rows, np.full(n, LOAD_FLOOR))
+    kv_tokens, max_num_seqs = np.array(list(map(_KV_COLUMNS, map(vars, profiles))), dtype=float).reshape(-1, 2).T
+    kv_fit = np.floor(kv_tokens / request_tokens)
+    high = np.minimum(kv_fit, max_num_seqs)
     floor_ok = (ttft_floor <= rows.ttft_slo) & (kv_fit >= 1)
-    ok = floor_ok & (idle.miss <= allowed)
     batch = largest_load(rows, high, allowed)
+    ok = floor_ok & (batch > 0)  # batch 0: even an idle replica misses more than allowed
     # Never give up on a flavor only its correction rules out: one sequence, at the corrected latency.
     rescue = floor_ok & ~ok
     if rescue.any():
-        plain = at_load(rows_of(profiles, slos, mixes, corrs, uncorrected=True), np.full(n, LOAD_FLOOR))
-        rescue &= plain.miss <= allowed
+        idx = np.flatnonzero(rescue)
+        plain = at_load(rows_of([profiles[i] for i in idx], [slos[i] for i in idx], [mixes[i] for i in idx],
+                                [corrs[i] for i in idx], uncorrected=True), np.full(len(idx), LOAD_FLOOR))
+        rescue[idx] = plain.miss <= allowed
         batch = np.where(rescue, 1.0, batch)
-    load = at_load(rows, batch)
     good = ok | rescue
-    rps = load.rps * target_utilization
+    rate, tpot_mean = rate_at(rows, np.maximum(batch, LOAD_FLOOR))
+    rps = rate * target_utilization
+    # Why a flavor is out, for the plan's notes: the idle replica's misses, one call for all such rows.
+    missing = np.flatnonzero(~good & floor_ok)
+    idle_at = dict(zip(missing.tolist(), range(len(missing)), strict=True))
+    idle = at_load(subset(rows, missing), np.full(len(missing), LOAD_FLOOR)) if missing.size else None
     out: list[ReplicaCapacity] = []
-    good_l, rps_l, b_l, tpot_l, floor_l = (good.tolist(), rps.tolist(), batch.tolist(), load.tpot_mean_s.tolist(),
+    good_l, rps_l, b_l, tpot_l, floor_l = (good.tolist(), rps.tolist(), batch.tolist(), tpot_mean.tolist(),
                                           ttft_floor.tolist())
     for i in range(n):
         if good_l[i]:
@@ -168,8 +197,10 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
         elif c.tpot * pr.itl_s(1) > s.tpot_p95_s:
             why = f"inter-token latency {tpot_at(pr, 1, m, c):.3f}s at batch 1 > TPOT SLO {s.tpot_p95_s}s"
         else:
-            why = (f"an idle replica misses the SLO for {float(idle.miss[i]):.1%} of requests (TTFT "
-                   f"{float(idle.ttft_miss[i]):.1%}, TPOT {float(idle.tpot_miss[i]):.1%}) > {allowed:.0%}")
+            j = idle_at[i]
+            assert idle is not None
+            why = (f"an idle replica misses the SLO for {float(idle.miss[j]):.1%} of requests (TTFT "
+                   f"{float(idle.ttft_miss[j]):.1%}, TPOT {float(idle.tpot_miss[j]):.1%}) > {allowed:.0%}")
         out.append(_new(ReplicaCapacity, flavor=pr.flavor, rps=0.0, batch=0.0, tpot_s=0.0,
                         ttft_floor_s=floor_l[i], reason=why))
     return out
@@ -273,6 +304,7 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
     pairs whose window finished fewer than ``min_samples`` requests (when the count is known).
     ``smoothing``: weight of this window (``correction_smoothing(period)`` in the loops)."""
     out = dict(previous)
+    todo: list[tuple[tuple[str, str], Profile, SLO, RequestMix, float, float | None, float, float | None]] = []
     for name, sig in signals.items():
         if name not in catalog.models or not sig.usable or sig.mix is None:
             continue
@@ -302,9 +334,15 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
                 ttft_obs, ttft_pred = None, 0.0
             else:
                 ttft_obs, ttft_pred = obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95)
-            old = previous.get((name, flavor), Correction())
-            out[(name, flavor)] = old.updated(
-                ttft_obs, ttft_pred,
-                obs.tpot_p95_s, tpot_p95_at(prof, catalog.models[name].slo, mix, batch), smoothing=smoothing,
-            )
+            todo.append(((name, flavor), prof, catalog.models[name].slo, mix, batch, ttft_obs, ttft_pred,
+                         obs.tpot_p95_s))
+    if not todo:
+        return out
+    # Every pair's predicted TPOT p95 in one call: the tail model's cost is per call, not per row.
+    _, prof_, slo_, mix_, batch_, _, _, _ = zip(*todo, strict=True)
+    rows = rows_of(prof_, slo_, mix_, [Correction()] * len(todo))
+    predicted = tpot_quantile(rows, np.maximum(np.array(batch_, dtype=float), LOAD_FLOOR)).tolist()
+    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs), tpot_pred in zip(todo, predicted, strict=True):
+        out[k] = previous.get(k, Correction()).updated(ttft_obs, ttft_pred, tpot_obs, tpot_pred,
+                                                       smoothing=smoothing)
     return out

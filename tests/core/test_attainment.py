@@ -9,7 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayscale.config import load_catalog
-from rayscale.core.attainment import ROUTER_CHOICES, WEIGHTS, at_load, lognormal_quantiles, mix_quantiles
+from rayscale.core.attainment import (
+    RTOL,
+    ROUTER_CHOICES,
+    WEIGHTS,
+    at_load,
+    largest_load,
+    lognormal_quantiles,
+    mix_quantiles,
+    tpot_quantile,
+)
 from rayscale.core.estimate import Correction, replica_capacity, rows_of, tpot_at, tpot_p95_at
 from rayscale.core.signals import MIX_QUANTILES, RequestMix, length_quantiles
 
@@ -55,6 +64,45 @@ def test_misses_grow_with_load(flavor: str, batch: float, more: float) -> None:
     lo, hi = at_load(rows, np.array([batch])), at_load(rows, np.array([batch * more]))
     assert hi.rps[0] > lo.rps[0]
     assert hi.ttft_miss[0] >= lo.ttft_miss[0] - 1e-12 and hi.tpot_miss[0] >= lo.tpot_miss[0] - 1e-12
+
+
+def test_search_finds_the_crossing_to_its_tolerance_on_every_row() -> None:
+    """The batched false-position search, on every shipped flavor under mixes from short chat to long code
+    and corrections either way: the load it returns meets the allowance, and a load two tolerances above
+    it does not (unless the KV/max_num_seqs bound is what stops it); the TPOT quantile likewise brackets the
+    share it is asked for."""
+    flavors = sorted(CAT.models["mistral-7b"].parallelism)
+    mixes = [CODE, RequestMix(300, 400, 900), RequestMix(4000, 50, 7000), RequestMix(1000, 200, 3000)]
+    cases = [(f, m, c) for f in flavors for m in mixes for c in (Correction(), Correction(1.5, 1.3),
+                                                                 Correction(0.7, 0.8))]
+    rows = rows_of([CAT.profile("mistral-7b", f) for f, _, _ in cases], [SLO_] * len(cases),
+                   [m for _, m, _ in cases], [c for _, _, c in cases])
+    high = np.full(len(cases), 256.0)
+    batch = largest_load(rows, high, 0.01)
+    searched = batch > 0
+    assert searched.sum() > len(cases) // 2  # most cases have a load to find
+    assert np.all(at_load(rows, np.where(searched, batch, 1.0)).miss[searched] <= 0.01 + 1e-12)
+    above = np.minimum(batch * (1 + RTOL) ** 2, high)
+    inside = searched & (batch < high)
+    assert np.all(at_load(rows, above).miss[inside] > 0.01)
+    # Row by row, the same answers: a row's search depends on that row alone.
+    one = [float(largest_load(rows_of([CAT.profile("mistral-7b", f)], [SLO_], [m], [c]), high[:1], 0.01)[0])
+           for f, m, c in cases]
+    assert batch.tolist() == one
+    # The TPOT p95 at half the capacity: 5% of the multi-token requests miss it, fewer miss 2 tolerances above.
+    load = np.where(searched, batch / 2, 1.0)
+    t = tpot_quantile(rows, load)
+    multi = ((rows.output > 1) * WEIGHTS).sum(axis=1)
+    share = at_load(rows_of([CAT.profile("mistral-7b", f) for f, _, _ in cases], [SLO_.model_copy(
+        update={"tpot_p95_s": float(x) * (1 + 1e-9)}) for x in t], [m for _, m, _ in cases],
+        [c for _, _, c in cases]), load)  # (a hair above: at exactly no stall, the model counts a miss)
+    assert np.all(share.tpot_miss <= 0.05 * multi + 1e-12)
+    lower = at_load(rows_of([CAT.profile("mistral-7b", f) for f, _, _ in cases], [SLO_.model_copy(
+        update={"tpot_p95_s": float(x)}) for x in t / (1 + RTOL) ** 2], [m for _, m, _ in cases],
+        [c for _, _, c in cases]), load)
+    stalls = t > rows.corr_tpot * (rows.alpha + rows.beta * np.maximum(load, 1.0)) * (1 + RTOL) ** 2
+    assert stalls.sum() > len(cases) // 2  # most p95s include a stall; the rest are a decode iteration
+    assert np.all(lower.tpot_miss[stalls] > 0.05 * multi[stalls])
 
 
 def test_slow_prefill_costs_a_prompt_heavy_mix_most() -> None:
