@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from rayscale.config import load_catalog
 from rayscale.core.attainment import (
-    RTOL,
     ROUTER_CHOICES,
+    RTOL,
     WEIGHTS,
     at_load,
     largest_load,
