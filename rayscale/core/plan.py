@@ -4,7 +4,8 @@
 value and the planner's memory in; the plan and the new memory out. Stability rules, per model:
 
 - under-provisioned (demand > current capacity, or fewer than min_replicas): scale up at once, keeping
-  every current replica (the solver may only add);
+  every current replica (the solver may only add), and order whole replicas of the model's best-value
+  flavor ($ per req/s, spot blended at its share cap) rather than the cheapest cover of the shortfall;
 - inside the hysteresis band (demand >= (1 - band) x capacity): keep what runs;
 - over-provisioned: only after demand stayed below the band for ``downscale_delay_s`` and the model's last
   change is ``min_dwell_s`` old (and at least as old as its flavors' start-up time, so capacity is never
@@ -15,6 +16,7 @@ value and the planner's memory in; the plan and the new memory out. Stability ru
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +25,7 @@ from rayscale.core.estimate import Demand, DemandState
 from rayscale.core.gangs import GangError, GangShape, gang_shape_for
 from rayscale.core.solver import (
     EXACT_MAX_VARS,
+    RPS_TOLERANCE,
     ModelNeed,
     OfferingTable,
     Problem,
@@ -45,6 +48,12 @@ class PlannerSettings:
     # orders replicas and the next dip cancels them while they are still starting, billed and useless.
     dwell_covers_startup: bool = True
     exact_max_vars: int = EXACT_MAX_VARS
+    # Scale-ups order whole replicas of the model's best $/req offering (see _whole_best), not the cheapest
+    # cover of the shortfall alone.
+    whole_best_replicas: bool = True
+    # ... and may replace running replicas of flavors that cost this many times the best per req/s (bought
+    # when demand was too small for a best-value replica); 0 keeps every running replica on a scale-up.
+    replace_worse_than: float = 0.0
     solver: str = "auto"  # auto | exact | greedy
 
 
@@ -149,6 +158,7 @@ def plan(
     gangs: dict[tuple[str, str], GangShape] = {}
     needs: list[ModelNeed] = []
     why: dict[str, str] = {}
+    rounded: dict[str, float] = {}  # req/s a scale-up orders beyond the demand (whole best-value replicas)
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
@@ -194,7 +204,7 @@ def plan(
                 why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
                              f"scale-down waits {settings.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
             rps = d.rps
-        needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
+        first = len(o_model)  # this model's offerings start here
         for fname in sorted(spec.parallelism):
             par = spec.parallelism[fname]
             gkey = (fname, par.tp, par.pp)
@@ -233,6 +243,24 @@ def plan(
                 o_lb.append(lb)
                 o_ub.append(ub)
                 o_unit.append(unit)
+        if mode == "up" and settings.whole_best_replicas and d is not None and d.state == DemandState.OK:
+            mine = range(first, len(o_model))
+            value = _flavor_values(catalog, [(o_flavor[j], o_ct[j], o_usd[j], o_rps[j], o_ub[j] > o_lb[j])
+                                             for j in mine])
+            addable = [(v, r, f) for f, (v, r, can_add) in value.items() if can_add]
+            kept_cap, kept_n = cur_cap, cur_n
+            if addable and settings.replace_worse_than:
+                # Replicas of a flavor that costs replace_worse_than x the best per req/s are no longer
+                # pinned: the scale-up may replace them (act starts the new ones before draining them).
+                limit = settings.replace_worse_than * min(addable)[0]
+                for j in mine:
+                    if o_lb[j] > 0 and value.get(o_flavor[j], (math.inf,))[0] > limit:
+                        kept_cap -= o_lb[j] * o_rps[j]
+                        kept_n -= o_lb[j]
+                        o_lb[j] = 0
+            rps, why[name] = _whole_best(rps, kept_cap, kept_n, spec.max_replicas, why[name], addable)
+            rounded[name] = rps - d.rps
+        needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
     offerings = OfferingTable(*cols)
     problem = Problem(
         needs=needs,
@@ -274,10 +302,12 @@ def plan(
         for j, m in enumerate(o_model):
             if m in sol.unmet_rps:
                 offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
+    # What rounding up ordered is not demand: only unmet demand is a shortfall.
+    unmet = {m: u - rounded.get(m, 0.0) for m, u in sol.unmet_rps.items()}
     shortfalls = tuple(
         Shortfall(m, round(u, 4), _shortfall_reason(catalog, m, problem, offs_of.get(m, [])))
-        for m, u in sorted(sol.unmet_rps.items(), key=lambda kv: (-catalog.models[kv[0]].priority, kv[0]))
-        if demands.get(m) is not None and demands[m].state == DemandState.OK
+        for m, u in sorted(unmet.items(), key=lambda kv: (-catalog.models[kv[0]].priority, kv[0]))
+        if u > RPS_TOLERANCE and demands.get(m) is not None and demands[m].state == DemandState.OK
     )
     entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
     targets: dict[str, dict[Key, int]] = {m: {} for m in catalog.models}
@@ -286,6 +316,51 @@ def plan(
             targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
     return (Plan(tuple(entries), shortfalls, sol.method, tuple(notes)),
             PlannerMemory(last_change, below_since, targets))
+
+
+def _flavor_values(catalog: Catalog, offers: list[tuple[str, CapacityType, float, float, bool]]
+                   ) -> dict[str, tuple[float, float, bool]]:
+    """Per flavor of one model's offerings (flavor, capacity type, $/h, req/s, can add): ($/h per req/s,
+    req/s, can add). Spot counts at most the flavor's spot_max_share: a flavor whose spot is cheap but
+    capped costs the blend a fleet of it pays, not the spot price."""
+    by: dict[str, dict[CapacityType, float]] = {}
+    rps: dict[str, float] = {}
+    add: dict[str, bool] = {}
+    for f, ct, usd, r, can_add in offers:
+        if r > 0:
+            by.setdefault(f, {})[ct] = usd
+            rps[f] = r
+            add[f] = add.get(f, False) or can_add
+    out = {}
+    for f, price in by.items():
+        od, spot = price.get(CapacityType.ON_DEMAND), price.get(CapacityType.SPOT)
+        if od is not None and spot is not None:
+            share = catalog.flavors[f].spot_max_share
+            usd = (1.0 - share) * od + share * min(spot, od)
+        else:
+            usd = next(iter(price.values()))
+        out[f] = (usd / rps[f], rps[f], add[f])
+    return out
+
+
+def _whole_best(need: float, have: float, replicas: int, max_replicas: int, why: str,
+                offers: list[tuple[float, float, str]]) -> tuple[float, str]:
+    """A scale-up's order, rounded up to whole replicas of the model's best-value offering ($ per req/s,
+    among those that can still add): (need, reason).
+
+    The least-cost cover of a shortfall alone is its cheapest increment: on a ramp, one small, slow replica
+    after another (an inf2 for 0.8 req/s at $0.76/h, where an L40S gives 3.5 for $1.86), never replaced while
+    demand stays inside the hysteresis band. Rounding the order up to whole best-value replicas makes those
+    the cheapest cover; the extra is at most one of them, and the ramp grows into it. Bounded by
+    max_replicas, so rounding never asks for what the model may not have."""
+    if not offers or need <= have:
+        return need, why
+    per_rps, rps, flavor = min(offers)
+    room = max(max_replicas - replicas, 0)
+    whole = have + min(math.ceil((need - have) / rps - 1e-9), room) * rps
+    if whole <= need + RPS_TOLERANCE:
+        return need, why
+    return whole, f"{why}; ordering whole {flavor} replicas ({rps:.2f} req/s at ${per_rps * rps:.2f}/h each)"
 
 
 def _converging(world: dict[Key, int], targets: dict[str, dict[Key, int]],
