@@ -434,11 +434,15 @@ def test_load_ends_drain_then_release(world: KubeWorld) -> None:
     gone_pods = {p for g in gone for p in w.events.pods_of(g, at=t0)}
     kept_pods = w.events.pods_of(kept.name, at=time.monotonic())
     assert all(w.events.pods_of(g, at=t0) for g in gone) and len(kept_pods) == 1, (gone_pods, kept_pods)
-    # Drain first, then release: a gang that served was deleted only after Serve was lowered.
-    actions = [(a, rec) for rec in records for a in rec.actions]
+    # Drain first, then release: a gang that served was deleted only after Serve was lowered, at some point
+    # after the gang was created (the lowering may precede the step's end: the step can order a gang the
+    # planner gives back before the load stops).
+    actions = [(a, rec) for rec in w.ctl.records for a in rec.actions]
     for k, (a, rec) in enumerate(actions):
         if a["type"] == "DeleteGang" and rec.gangs.get(a["name"]) == "ready":
-            assert any(b["type"] == "SetReplicas" for b, _ in actions[:k]), [b for b, _ in actions[:k + 1]]
+            born = max((i for i, (b, _) in enumerate(actions[:k]) if b["type"] == "CreateGang" and b["name"] == a["name"]),
+                       default=0)
+            assert any(b["type"] == "SetReplicas" for b, _ in actions[born:k]), [b for b, _ in actions[born:k + 1]]
     # workersToDelete named the released gangs' pods and only pods of gangs being released, never the
     # kept one's; KubeRay deleted exactly what was named.
     released_pods = {p for g in deleted() for p in w.events.pods_of(g)}
