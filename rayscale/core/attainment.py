@@ -30,12 +30,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtr
 
+from rayscale.core.frozen import frozen_without_init
 from rayscale.core.signals import MIX_QUANTILES, MIX_WEIGHTS, RequestMix
 
 F64 = npt.NDArray[np.float64]
@@ -106,9 +107,8 @@ class Rows:
     output: F64  # (rows, nodes)
     # Derived by make_rows.
     prefill: F64  # (rows, nodes): a prompt's own prefill time, p/R + quad*p^2
-    engine: F64  # (rows, nodes): what a prompt costs the iterations it shares, prefill + per-sequence cost
     gaps: F64  # (rows, nodes): output tokens - 1, the gaps a TPOT is the mean of
-    ex: F64  # mean engine time of a prompt
+    ex: F64  # mean engine time of a prompt (its prefill + per-sequence cost: what the iterations it shares pay)
     cv: F64  # E[engine^2] / E[engine]^2
     ex2: F64  # E[engine^2]
     p1: F64  # E[p]
@@ -124,7 +124,7 @@ def make_rows(prefill_tokens_per_s: F64, overhead_s: F64, alpha: F64, beta: F64,
     engine = seq_s[:, col] + prefill
     ex, ex2 = _mean(engine), _mean(engine * engine)
     return Rows(prefill_tokens_per_s, overhead_s, alpha, beta, seq_s, quad_s, ttft_slo, tpot_slo, corr_ttft,
-                corr_tpot, output_mean, prompt, output, prefill, engine, output - 1.0, ex, ex2 / (ex * ex), ex2,
+                corr_tpot, output_mean, prompt, output, prefill, output - 1.0, ex, ex2 / (ex * ex), ex2,
                 _mean(prompt), _mean(prompt * prompt), _mean(engine * prompt))
 
 
@@ -199,11 +199,9 @@ MAX_STEPS = 40  # false position with the Illinois rule converges in under 10 st
 
 
 def _rows(columns: dict[str, F64]) -> Rows:
-    """A Rows without its frozen ``__init__``, whose 24 ``object.__setattr__`` calls would cost a search
+    """A Rows without its frozen ``__init__``, whose ``object.__setattr__`` per column would cost a search
     step on a few rows more than its arithmetic."""
-    out: Any = object.__new__(Rows)
-    out.__dict__.update(columns)
-    return cast(Rows, out)
+    return cast(Rows, frozen_without_init(Rows, columns))
 
 
 def subset(rows: Rows, idx: npt.NDArray[np.intp]) -> Rows:
@@ -280,9 +278,9 @@ def largest_load(rows: Rows, high: F64, allowed_miss: float) -> F64:
 def tpot_quantile(rows: Rows, batch: F64, q: float = 0.95) -> F64:
     """Per row, the per-request TPOT that a share ``q`` of the requests with more than one output token stay
     within at this load (to RTOL): what a window's TPOT p95 should read if the profile is right."""
-    multi = (np.where(rows.output > 1.0, 1.0, 0.0) * WEIGHTS).sum(axis=1)
+    multi = _mean(rows.output > 1.0)
     limit = _log_share((1.0 - q) * multi + 1e-15)
-    s = rows.corr_tpot * (rows.alpha + rows.beta * np.maximum(batch, 1.0))
+    s = rows.corr_tpot * _means(rows, batch)[0]
 
     def g(r: Rows, t: F64, idx: npt.NDArray[np.intp]) -> F64:
         # Grows with the threshold t: positive once no more than 1-q of the requests miss it.

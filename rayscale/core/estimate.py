@@ -40,6 +40,7 @@ from rayscale.core.attainment import (
 )
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
+from rayscale.core.frozen import frozen_without_init
 from rayscale.core.signals import MIX_QUANTILES, Freshness, ModelSignals, RequestMix
 
 # Share of requests a replica's capacity serves within both SLO targets: issue 6's goal. The SLO's targets
@@ -101,11 +102,8 @@ def replica_capacity(profile: Profile, slo: SLO, mix: RequestMix, corr: Correcti
 
 
 def _new(cls: type, **fields: Any) -> Any:
-    """Build a frozen dataclass without its ``__init__`` (one ``object.__setattr__`` per field is the
-    slowest part of a 1,000-model reconcile). Only for classes without ``__post_init__``."""
-    obj: Any = object.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
+    # One ``object.__setattr__`` per field is the slowest part of a 1,000-model reconcile.
+    return frozen_without_init(cls, fields)
 
 
 _PROFILE_COLUMNS = itemgetter("prefill_tokens_per_s", "overhead_s", "itl_alpha_s", "itl_beta_s", "prefill_seq_s",
