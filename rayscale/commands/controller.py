@@ -19,6 +19,9 @@ def register(sub: Any) -> None:
     p.add_argument("--root", default=None, help="local: cluster root dir (default: the one `local up` made)")
     p.add_argument("--launch-delay", type=float, default=5.0, help="local: seconds a node takes to 'launch'")
     p.add_argument("--max-nodes", type=int, default=3, help="local: worker nodes this machine may run")
+    p.add_argument("--launch-timeout-factor", type=float, default=None, metavar="X",
+                   help="a gang still pending after X times its flavor's node_startup_s is deleted whole and its "
+                        "flavor backed off (default 3; raise it on a busy machine where nodes start slowly)")
     p.add_argument("--namespace", default="rayscale", help="kube: namespace of the RayCluster")
     p.add_argument("--raycluster", default="rayscale", help="kube: the RayCluster whose worker groups rayscale owns")
     p.add_argument("--rayservice", default=None, metavar="NAME",
@@ -47,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from rayscale.cluster.actuator import Actuator
+    from rayscale.controller.act import ActSettings
     from rayscale.controller.loop import Controller, ControllerConfig, record_line
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
@@ -57,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
         cat = catalog_from_args(args)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        act = ActSettings() if args.launch_timeout_factor is None else \
+            ActSettings(launch_timeout_factor=args.launch_timeout_factor)
+    except ValueError as e:
+        print(f"error: --launch-timeout-factor: {e}", file=sys.stderr)
         return 2
     if args.detached or args.stop:
         return _detached(args)
@@ -96,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     ray.init(address=address, logging_level=logging.ERROR)
     ctl = Controller(cat, actuator, ServeClient(dashboard), MetricsScraper(),
                      ControllerConfig(period_s=args.period, app_name=args.app,
-                                      decision_log=Path(args.decision_log)),
+                                      decision_log=Path(args.decision_log), act=act),
                      weights_sink=set_flavor_weights)
     from rayscale.controller.metrics import ControllerMetrics
 
@@ -138,7 +148,8 @@ def _detached(args: argparse.Namespace) -> int:
     actor = start_detached(ControllerSpec(
         root=root, models=args.models, flavors=args.flavors, profiles=args.profiles,
         only_models=args.only_models, only_flavors=args.only_flavors, app=args.app, period_s=args.period,
-        launch_delay_s=args.launch_delay, max_nodes=args.max_nodes, decision_log=args.decision_log))
+        launch_delay_s=args.launch_delay, max_nodes=args.max_nodes, decision_log=args.decision_log,
+        act={} if args.launch_timeout_factor is None else {"launch_timeout_factor": args.launch_timeout_factor}))
     st = ray.get(actor.status.remote(), timeout=120)
     print(f"detached controller running on the head node ({st}); stop it with `rayscale controller --stop`")
     return 0

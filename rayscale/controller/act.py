@@ -98,6 +98,12 @@ class ActSettings:
     launch_timeout_factor: float = 3.0  # a gang may take this x the flavor's node_startup_s to come up
     backoff_s: float = 300.0
 
+    def __post_init__(self) -> None:
+        if self.launch_timeout_factor <= 0:
+            raise ValueError(f"ActSettings.launch_timeout_factor must be > 0, got {self.launch_timeout_factor}")
+        if self.backoff_s < 0:
+            raise ValueError(f"ActSettings.backoff_s must be >= 0, got {self.backoff_s}")
+
 
 def gang_name(model: str, flavor: str, capacity_type: str, index: int) -> str:
     ct = "spot" if capacity_type == CapacityType.SPOT.value else "od"

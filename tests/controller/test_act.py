@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rayscale.config import load_catalog
-from rayscale.controller.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, SetReplicas, decide
+from rayscale.controller.act import (
+    ActSettings,
+    BackOff,
+    CreateGang,
+    DeleteGang,
+    Gang,
+    GangPhase,
+    SetReplicas,
+    decide,
+)
 
 CAT = load_catalog()
 K = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2: a gang of two g5.12xlarge
@@ -91,3 +102,14 @@ def test_deployments_of_other_models_are_left_alone() -> None:
     acts = decide(CAT.subset(["qwen2-72b"], ["a10g"]), {K: 0}, [], {("tiny-qwen2", "cpu"): 1,
                                                                    ("qwen2-72b", "l40s"): 1}, {}, {}, now=0.0)
     assert acts == []
+
+
+def test_act_settings_reject_a_nonpositive_launch_timeout_and_the_cli_names_its_flag(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError, match="launch_timeout_factor must be > 0"):
+        ActSettings(launch_timeout_factor=0)
+    from rayscale.cli import main
+
+    assert main(["controller", "--launch-timeout-factor", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--launch-timeout-factor" in err and "launch_timeout_factor must be > 0" in err

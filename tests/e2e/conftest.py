@@ -8,11 +8,13 @@ in-process cluster. Every wait is bounded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,7 +48,10 @@ def cluster() -> Iterator[LocalCluster]:
                              env={"RAY_metrics_report_interval_ms": "1000"})
     c = LocalCluster(cfg).start()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(address=c.address, logging_level="ERROR", namespace="rayscale-e2e")
+    # Replica and request logs stay in the session's log files: on a failure, CI's excerpt of the output
+    # must show the controller's timeline (below), not thousands of access-log lines.
+    ray.init(address=c.address, logging_level="ERROR", namespace="rayscale-e2e", log_to_driver=False)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         yield c
     finally:
@@ -77,3 +82,32 @@ def serve_url(cluster: LocalCluster) -> str:
     wait_for(lambda: serve.status().applications[APP].deployments["ingress"].status == "HEALTHY", 120,
              "the ingress to run")
     return url
+
+
+def timeline(records: list[Any], last: int = 60) -> str:
+    """The controller's decision records as one line each: what it saw, ran and did, for a failure report."""
+    if not records:
+        return "(no decision records)"
+    t0 = records[0].t
+    lines = []
+    for r in records[-last:]:
+        sig = {m: (v.get("freshness"), v.get("arrival_rate_rps")) for m, v in r.signals.items()}
+        reasons = [e.get("reason", "") for e in r.plan.get("entries", [])]
+        acts = [(a.get("type"), a.get("name"), a.get("replicas"), a.get("reason")) for a in r.actions]
+        lines.append(f"{r.t - t0:7.1f}s serve={r.serve} gangs={r.gangs} signals={sig} plan={reasons} "
+                     f"actions={acts} errors={[e[:80] for e in r.errors]}")
+    return "\n".join(lines)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    ctl = funcargs.get("ctl") or getattr(funcargs.get("world"), "ctl", None)
+    if ctl is not None:
+        report.sections.append(("controller timeline", timeline(list(ctl.records))))
+        with contextlib.suppress(Exception):
+            report.sections.append(("serve now", repr(ctl.serve.snapshot())[:3000]))
