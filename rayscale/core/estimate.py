@@ -284,9 +284,11 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
 
 # A p95 of fewer requests than this is mostly noise: one slow request would move capacity by half.
 MIN_CORRECTION_SAMPLES = 8
-# Corrections follow a persistent error over about this long, not one overloaded window: a 2 s period
-# weighs each window 6%, a 5 s one 15%.
-CORRECTION_TIME_CONSTANT_S = 30.0
+# Corrections follow a persistent error over about this long, not a transient: just after a surge the
+# requests that finish ran at a batch the window no longer shows, and a light-load window's p95 comes
+# from a handful of requests. At 30 s those swung the simulated L40S capacity 0.4-5.1 req/s on the
+# bursty trace (2.6-5.5 at 300 s). A 5 s period weighs each window 1.7%, a 2 s one 0.7%.
+CORRECTION_TIME_CONSTANT_S = 300.0
 
 
 def correction_smoothing(period_s: float, time_constant_s: float = CORRECTION_TIME_CONSTANT_S) -> float:

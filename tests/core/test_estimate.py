@@ -207,13 +207,13 @@ def test_tpot_correction_compares_with_the_busiest_replicas_batch_and_moves_by_t
         "a10g": FlavorObservation(replicas=2, running_per_replica=20.0, running_max_replica=40.0,
                                   tpot_p95_s=obs_tpot, completed=50)})
     assert update_corrections(cat, {"mistral-7b": sig}, {})[("mistral-7b", "a10g")].tpot == pytest.approx(1.0)
-    # The same observation on a 2 s period moves a correction 6% of the way, on 5 s 15%: ~30 s either way.
-    assert correction_smoothing(2.0) == pytest.approx(0.064, abs=0.001)
-    assert correction_smoothing(5.0) == pytest.approx(0.154, abs=0.001)
+    # The same observation on a 2 s period moves a correction 0.7% of the way, on 5 s 1.7%: ~300 s either way.
+    assert correction_smoothing(2.0) == pytest.approx(0.00664, abs=0.0001)
+    assert correction_smoothing(5.0) == pytest.approx(0.0165, abs=0.0001)
     slow = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.01, MIX, per_flavor={
         "a10g": FlavorObservation(replicas=1, running_max_replica=40.0, tpot_p95_s=2 * obs_tpot, completed=50)})
     c: dict = {}
-    for _ in range(15):  # 30 s of 2 s periods
+    for _ in range(150):  # 300 s of 2 s periods
         c = update_corrections(cat, {"mistral-7b": slow}, c, smoothing=correction_smoothing(2.0))
     assert c[("mistral-7b", "a10g")].tpot == pytest.approx(1 + (1 - 1 / 2.718281828), abs=0.02)
 
