@@ -41,6 +41,10 @@ ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
 @dataclass(frozen=True)
 class PlannerSettings:
     hysteresis_band: float = 0.25
+    # A scale-down keeps this much capacity above the demand. Capacity estimates move a few percent from
+    # window to window (the request mix, corrections): a fleet cut to exactly the demand reads as short
+    # at the next dip and orders a whole replica back, minutes later, for the same load.
+    downscale_headroom: float = 0.1
     downscale_delay_s: float = 120.0
     min_dwell_s: float = 60.0
     # Never cancel capacity before it could have served: after a change, the dwell also covers the
@@ -55,6 +59,21 @@ class PlannerSettings:
     # when demand was too small for a best-value replica); 0 keeps every running replica on a scale-up.
     replace_worse_than: float = 0.0
     solver: str = "auto"  # auto | exact | greedy
+
+    def __post_init__(self) -> None:
+        for name in ("hysteresis_band", "downscale_headroom", "downscale_delay_s", "min_dwell_s",
+                     "replace_worse_than"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"PlannerSettings.{name} must be >= 0, got {getattr(self, name)}")
+        if not self.hysteresis_band < 1:
+            raise ValueError(f"PlannerSettings.hysteresis_band must be < 1, got {self.hysteresis_band}")
+        # The scaled-down fleet must land inside the keep band, or the next period scales it down again.
+        limit = self.hysteresis_band / (1 - self.hysteresis_band)
+        if self.downscale_headroom > limit + 1e-12:
+            raise ValueError(f"PlannerSettings.downscale_headroom {self.downscale_headroom} must be <= "
+                             f"hysteresis_band / (1 - hysteresis_band) = {limit:.3f}")
+        if self.solver not in ("auto", "exact", "greedy"):
+            raise ValueError(f"PlannerSettings.solver must be auto, exact or greedy, got {self.solver!r}")
 
 
 @dataclass(frozen=True)
@@ -199,11 +218,15 @@ def plan(
                 mode = "free"
                 why[name] = (f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s "
                              f"({d.reason})")
+                if settings.downscale_headroom:
+                    why[name] += f"; keeping {settings.downscale_headroom:.0%} headroom"
+                # The headroom is not demand: what the solver cannot cover of it is no shortfall.
+                rounded[name] = min(cur_cap, d.rps * (1 + settings.downscale_headroom)) - d.rps
             else:
                 mode = "keep"
                 why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
                              f"scale-down waits {settings.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
-            rps = d.rps
+            rps = d.rps + rounded.get(name, 0.0)
         first = len(o_model)  # this model's offerings start here
         for fname in sorted(spec.parallelism):
             par = spec.parallelism[fname]

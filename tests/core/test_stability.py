@@ -93,3 +93,36 @@ def test_a_decision_holds_while_the_world_converges() -> None:
     # A restart (no memory) starts from the world again.
     _, tgt, _ = _step(1.0, world, 1012.0, PlannerMemory())
     assert sum(tgt.values()) == 6
+
+
+def test_scale_down_keeps_headroom_so_a_small_rise_does_not_order_a_replica_back() -> None:
+    rate = 2.0
+    cap = estimate(CAT, {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, rate, MIX)}
+                   )["mistral-7b"].capacity["a10g"].rps
+    k = 4
+    low = 0.97 * k * cap  # k replicas cover it exactly; k + 1 with 10% headroom
+    up = {("mistral-7b", "a10g", "on-demand"): 8}
+    mem = PlannerMemory(last_change_s={"mistral-7b": -1e9}, below_since_s={"mistral-7b": -1e9})
+    for headroom, after_down in ((0.0, k), (0.1, k + 1)):
+        settings = PlannerSettings(hysteresis_band=0.25, downscale_headroom=headroom, downscale_delay_s=120,
+                                   min_dwell_s=60, dwell_covers_startup=False)
+        sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, low, MIX)
+        p, m = plan(CAT, estimate(CAT, {"mistral-7b": sig}), up, now=0.0, memory=mem, settings=settings)
+        assert p.replicas("mistral-7b") == after_down, headroom
+        assert "scale down" in p.entries[0].reason and not p.shortfalls
+        assert ("headroom" in p.entries[0].reason) == (headroom > 0)
+        # 5% more load, the next period: cut to exactly the demand, the fleet orders a replica back.
+        sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 1.05 * low, MIX)
+        p2, _ = plan(CAT, estimate(CAT, {"mistral-7b": sig}), p.target(), now=5.0, memory=m, settings=settings)
+        assert (p2.replicas("mistral-7b") > after_down) == (headroom == 0), headroom
+
+
+def test_planner_settings_name_the_bad_field() -> None:
+    import pytest
+
+    for kw, msg in (({"hysteresis_band": 1.0}, "hysteresis_band must be < 1"),
+                    ({"downscale_delay_s": -1.0}, "downscale_delay_s must be >= 0"),
+                    ({"hysteresis_band": 0.0, "downscale_headroom": 0.1}, "downscale_headroom 0.1 must be <="),
+                    ({"solver": "fast"}, "solver must be auto, exact or greedy")):
+        with pytest.raises(ValueError, match=msg):
+            PlannerSettings(**kw)  # type: ignore[arg-type]
