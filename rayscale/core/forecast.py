@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -90,6 +91,13 @@ def detect_season(history: Sequence[float], min_season: int = 4, threshold: floa
     return 0
 
 
+# The history gains one window a minute while the loop asks every few seconds: the same O(n^2) search
+# would run a dozen times over one history.
+@functools.lru_cache(maxsize=16)
+def _season_of(history: tuple[float, ...], min_season: int, threshold: float) -> int:
+    return detect_season(history, min_season, threshold)
+
+
 @dataclass(frozen=True)
 class Seasonal:
     """TrendSeasonal with the season found in the history (``detect_season``), plus an optional peak hold.
@@ -111,7 +119,7 @@ class Seasonal:
     peak_window: int = 0
 
     def __call__(self, history: Sequence[float], current: float) -> float:
-        m = detect_season(history, self.min_season, self.threshold)
+        m = _season_of(tuple(history), self.min_season, self.threshold)
         f = TrendSeasonal(self.alpha, self.beta, self.gamma, m, self.horizon)(history, current)
         if self.peak_window > 0:
             f = max(f, *history[-self.peak_window:]) if len(history) else f
