@@ -218,8 +218,9 @@ class OraclePolicy(Policy):
         self.lookahead_s = lookahead_s
         self.est = est
         # No hysteresis: with instant nodes the oracle follows demand exactly.
-        self.planner = PlannerSettings(hysteresis_band=0.0, downscale_headroom=0.0, downscale_delay_s=0.0, min_dwell_s=0.0,
-                                       dwell_covers_startup=False, exact_max_vars=planner.exact_max_vars,
+        self.planner = PlannerSettings(hysteresis_band=0.0, downscale_headroom=0.0, downscale_delay_s=0.0,
+                                       min_dwell_s=0.0, dwell_covers_startup=False,
+                                       exact_max_vars=planner.exact_max_vars,
                                        solver=planner.solver)
         self.capacity_settings = capacity
         self.capacity: dict[str, MeasuredCapacity] = {}

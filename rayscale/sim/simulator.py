@@ -106,8 +106,8 @@ class Simulation:
             raise ValueError(f"warmup_s {cfg.warmup_s:g} s leaves no request of trace {trace.name!r} to score "
                              f"(its last arrives at {float(trace.arrival_s[-1]):.0f} s)")
         # One model is simulated. The catalog's others would be planned every period without signals: held
-        # at min_replicas as replicas that never start here, they took NodePool limits from this model and
-        # 40% of the estimator's time (18 offerings of 4 models, not this model's 7).
+        # at min_replicas as replicas that never start here, they counted against NodePool limits this
+        # model shares and took 40% of the estimator's time (18 offerings of 4 models, not this one's 7).
         catalog = catalog.subset([cfg.model])
         self.catalog, self.trace, self.policy, self.cfg = catalog, trace, policy, cfg
         self.model = cfg.model
