@@ -22,7 +22,7 @@ when the client could not send on time or the load average exceeded the cores.
    exactly the trace's length. TTFT counts from the scheduled arrival; TPOT = (last token - first token) /
    (output tokens - 1), as in the simulator.
 3. Simulation: rayscale.sim.engine.make_engine with the calibrated profile, one replica from t = 0, no
-   controller; once with the default fluid engine model (numpy per tick), once with the iteration-level
+   controller; once with the default fluid engine model (a compiled pass per tick), once with the iteration-level
    model (``EngineConfig(model="iteration")``: vLLM V1's scheduler, one engine iteration at a time).
 """
 
@@ -320,7 +320,7 @@ def caution(raw: dict[str, Any], lag95: float) -> list[str]:
 
 ANALYSIS = """## Where the engine models and vLLM differ structurally
 
-- **Fluid vs iteration.** The fluid model (the simulator's default, numpy per tick, fast enough for
+- **Fluid vs iteration.** The fluid model (the simulator's default, a compiled pass per tick, fast enough for
   day-long runs) shares a replica's prefill rate among its prompts within a tick and charges decode for
   it, a whole `max_num_batched_tokens` chunk per iteration when the tick's prefill backlog exceeds what
   the tick can clear; prompts finish one after another. The iteration model (`EngineConfig(model=

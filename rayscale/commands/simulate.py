@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
                    help="engines share prefill throughput with decode (chunked prefill, the default); "
                         "--no-prefill-contention gives the emulated engine's independent prefill")
     p.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
-                   help="engine model: fluid (numpy per tick, the default, fast) or iteration (vLLM's scheduler "
+                   help="engine model: fluid (per-tick fluid model, the default, fast) or iteration (vLLM's scheduler "
                         "one engine iteration at a time: what bench/fidelity.py checks against real vLLM)")
     p.add_argument("--json", action="store_true", help="print one JSON object per policy")
     p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")

@@ -31,6 +31,7 @@ from rayscale.controller.serve_client import ServeClient, ServeSnapshot
 from rayscale.core.catalog import Catalog
 from rayscale.core.estimate import (
     Correction,
+    Demand,
     EstimateSettings,
     correction_smoothing,
     estimate,
@@ -120,6 +121,7 @@ class Controller:
         self.scrapes: deque[Scrape] = deque()
         self.memory = PlannerMemory()
         self.corrections: dict[tuple[str, str], Correction] = {}
+        self.demands: dict[str, Demand] | None = None  # last period's: where the estimator's searches start
         self.unavailable: dict[tuple[str, str, str], float] = {}
         self.rate_history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.config.history_len))
         self.last_mix: dict[str, RequestMix] = {}
@@ -162,7 +164,9 @@ class Controller:
         signals = {m: self._with_history(sig) for m, sig in signals.items()}
         self.corrections = update_corrections(self.catalog, signals, self.corrections,
                                               smoothing=correction_smoothing(cfg.period_s))
-        demands = estimate(self.catalog, signals, self.corrections, FORECASTERS[cfg.forecaster], cfg.estimate)
+        demands = estimate(self.catalog, signals, self.corrections, FORECASTERS[cfg.forecaster], cfg.estimate,
+                           self.demands)
+        self.demands = demands
         dur["estimate"] = (time.perf_counter() - s) * 1000
 
         # plan: what exists (pending or ready gangs) is "current"

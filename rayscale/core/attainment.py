@@ -210,7 +210,7 @@ def subset(rows: Rows, idx: npt.NDArray[np.intp]) -> Rows:
 
 
 def _crossing(rows: Rows, lo: F64, hi: F64, g: Callable[[Rows, F64, npt.NDArray[np.intp]], F64],
-              slope: float | None = None) -> tuple[F64, F64]:
+              slope: float | None = None, guess: F64 | None = None) -> tuple[F64, F64]:
     """Per row, a bracket [a, b] within [lo, hi], b/a - 1 <= RTOL, with g(a) <= 0 < g(b) for a ``g`` that
     grows with x (given the rows, the points and the rows' indices); (lo, lo) where g(lo) > 0 and (hi, hi)
     where g(hi) <= 0.
@@ -218,13 +218,44 @@ def _crossing(rows: Rows, lo: F64, hi: F64, g: Callable[[Rows, F64, npt.NDArray[
     Illinois false position, rows leaving as they converge: 5-8 evaluations per row, where a grid to the
     same width takes 64 (on 1,400 rows that is 20 ms against 250; on the simulator's 18, the calls' fixed
     cost dominates either way). ``slope``: g's least slope in log x, when known; the first step then
-    extrapolates from lo with it, a far better guess than the chord of a g that is steep only near hi."""
+    extrapolates from lo with it, a far better guess than the chord of a g that is steep only near hi.
+
+    ``guess``: per row, a point near the crossing (where it was last period; NaN or <= 0: none). The first
+    call then also evaluates the guess and one RTOL-wide step either side. A control loop's inputs move
+    little between periods, so that usually brackets the crossing and the search ends after one call, not
+    6-9; and with the guess itself an end of the bracket, a crossing that did not move returns the same
+    answer, not one that drifts by a step per period. A guess that misses still narrows the bracket, and
+    either way the answer is to RTOL."""
     n = len(lo)
     every = np.arange(n)
     a, b = np.log(lo), np.log(np.maximum(hi, lo))
-    ends = g(subset(rows, np.concatenate([every, every])), np.exp(np.concatenate([a, b])),
-             np.concatenate([every, every]))
-    ga, gb = ends[:n], ends[n:]
+    if guess is None:
+        ends = g(subset(rows, np.concatenate([every, every])), np.exp(np.concatenate([a, b])),
+                 np.concatenate([every, every]))
+        ga, gb = ends[:n], ends[n:]
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mid = np.log(guess)
+        d = 0.98 * math.log1p(RTOL)  # a step: a bracket of two neighbouring points is within the tolerance
+        near = np.flatnonzero(np.isfinite(mid) & (mid > a) & (mid < b))
+        k = len(near)
+        m, lo_n, hi_n = mid[near], a[near], b[near]
+        xs = (np.maximum(m - d, lo_n), m, np.minimum(m + d, hi_n))  # a guess next to an end steps onto it
+        vals = g(subset(rows, np.concatenate([every, every, near, near, near])), np.exp(np.concatenate([a, b, *xs])),
+                 np.concatenate([every, every, near, near, near]))
+        ga, gb = vals[:n].copy(), vals[n : 2 * n].copy()
+        # g grows with x: the largest point at or below zero and the smallest above it bracket the crossing.
+        # Points ascend, so the last one below zero is the largest and the first above it the smallest.
+        for i, x in enumerate(xs):
+            gx = vals[2 * n + i * k : 2 * n + (i + 1) * k]
+            below = gx <= 0
+            r = near[below]
+            a[r], ga[r] = x[below], gx[below]
+        for i, x in reversed(list(enumerate(xs))):
+            gx = vals[2 * n + i * k : 2 * n + (i + 1) * k]
+            above = gx > 0
+            r = near[above]
+            b[r], gb[r] = x[above], gx[above]
     fails, fits = ga > 0, gb <= 0
     a = np.where(fits, b, a)
     b = np.where(fails, a, b)
@@ -260,9 +291,10 @@ def _log_share(x: F64) -> F64:
     return np.log(np.maximum(x, 1e-300))
 
 
-def largest_load(rows: Rows, high: F64, allowed_miss: float) -> F64:
+def largest_load(rows: Rows, high: F64, allowed_miss: float, guess: F64 | None = None) -> F64:
     """Per row, the largest mean batch in [LOAD_FLOOR, high] whose miss share is within ``allowed_miss``
-    (misses grow with load), to RTOL; 0 for rows that miss more even at LOAD_FLOOR."""
+    (misses grow with load), to RTOL; 0 for rows that miss more even at LOAD_FLOOR. ``guess``: per row,
+    last period's answer (NaN: none), where the search starts (_crossing)."""
     limit = math.log(allowed_miss)
 
     def g(r: Rows, b: F64, _: npt.NDArray[np.intp]) -> F64:
@@ -271,13 +303,14 @@ def largest_load(rows: Rows, high: F64, allowed_miss: float) -> F64:
     # An idle replica's misses grow as the square of its load (rho^2 waits; prompts arriving during a decode
     # at a rate times a share of busy replicas) and faster near saturation: slope 2 in log-log to begin.
     floor = np.full(len(high), LOAD_FLOOR)
-    lo, hi = _crossing(rows, floor, np.maximum(high, LOAD_FLOOR), g, slope=2.0)
+    lo, hi = _crossing(rows, floor, np.maximum(high, LOAD_FLOOR), g, slope=2.0, guess=guess)
     return np.where((lo == floor) & (hi == floor), 0.0, lo)  # (lo, lo): even the idle end misses
 
 
-def tpot_quantile(rows: Rows, batch: F64, q: float = 0.95) -> F64:
+def tpot_quantile(rows: Rows, batch: F64, q: float = 0.95, guess: F64 | None = None) -> F64:
     """Per row, the per-request TPOT that a share ``q`` of the requests with more than one output token stay
-    within at this load (to RTOL): what a window's TPOT p95 should read if the profile is right."""
+    within at this load (to RTOL): what a window's TPOT p95 should read if the profile is right.
+    ``guess``: per row, last period's answer (NaN: none), where the search starts (_crossing)."""
     multi = _mean(rows.output > 1.0)
     limit = _log_share((1.0 - q) * multi + 1e-15)
     s = rows.corr_tpot * _means(rows, batch)[0]
@@ -286,5 +319,5 @@ def tpot_quantile(rows: Rows, batch: F64, q: float = 0.95) -> F64:
         # Grows with the threshold t: positive once no more than 1-q of the requests miss it.
         return limit[idx] - _log_share(at_load(_rows({**vars(r), 'tpot_slo': t}), batch[idx]).tpot_miss)
 
-    _, hi = _crossing(rows, s, s + 60.0, g)  # no stall .. a minute per token
+    _, hi = _crossing(rows, s, s + 60.0, g, guess=guess)  # no stall .. a minute per token
     return hi

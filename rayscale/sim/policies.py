@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, is_dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import (
     Correction,
+    Demand,
     EstimateSettings,
     correction_smoothing,
     estimate,
@@ -99,14 +100,22 @@ def _apply(sim: Simulation, targets: dict[tuple[str, str], int], now: float) -> 
                 cl.set_target(f, ct, want, now)
 
 
+class _Planned(NamedTuple):
+    targets: dict[tuple[str, str], int]  # replicas per (flavor, capacity type)
+    memory: PlannerMemory
+    usd_per_h: float
+    demands: dict[str, Demand]  # the next period's ``previous`` (where the estimator's searches start)
+
+
 def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, sim: Simulation, now: float,
                   memory: PlannerMemory | None, corrections: dict[tuple[str, str], Correction],
                   forecaster: Forecaster, est: EstimateSettings, settings: PlannerSettings,
                   unavailable: dict[tuple[str, str, str], float] | None = None,
-                  ) -> tuple[dict[tuple[str, str], int], PlannerMemory, float]:
-    demands = estimate(catalog, {model: signals}, corrections, forecaster, est)
+                  previous: dict[str, Demand] | None = None) -> _Planned:
+    demands = estimate(catalog, {model: signals}, corrections, forecaster, est, previous)
     p, mem = plan(catalog, demands, sim.cluster.current(), unavailable, now, memory, settings)
-    return {(e.flavor, e.capacity_type): e.replicas for e in p.entries if e.model == model}, mem, p.usd_per_h
+    return _Planned({(e.flavor, e.capacity_type): e.replicas for e in p.entries if e.model == model}, mem,
+                    p.usd_per_h, demands)
 
 
 class RayscalePolicy(Policy):
@@ -119,6 +128,7 @@ class RayscalePolicy(Policy):
         self.est = est
         self.memory: PlannerMemory | None = None
         self.corrections: dict[tuple[str, str], Correction] = {}
+        self.demands: dict[str, Demand] | None = None
         self.horizon_s = startup_horizon_s
         self.fc: Forecaster = FORECASTERS["last"]
 
@@ -138,8 +148,8 @@ class RayscalePolicy(Policy):
             fc = replace(fc, horizon=max(1, round(horizon / sim.cfg.history_window_s)))
         self.fc = fc
         sig = sim.initial_signals()
-        targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, sig, sim, 0.0, None, {}, self.fc,
-                                                self.est, self.planner)
+        targets, self.memory, _, self.demands = _plan_targets(sim.catalog, sim.model, sig, sim, 0.0, None, {},
+                                                              self.fc, self.est, self.planner)
         for (f, ct), n in sorted(targets.items()):
             for _ in range(n):
                 sim.cluster.place_warm(f, ct, 0.0)
@@ -148,9 +158,9 @@ class RayscalePolicy(Policy):
         sig = sim.signals(now)
         self.corrections = update_corrections(sim.catalog, {sim.model: sig}, self.corrections,
                                               smoothing=correction_smoothing(sim.cfg.control_period_s))
-        targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, sig, sim, now, self.memory,
-                                                self.corrections, self.fc, self.est, self.planner,
-                                                dict(sim.cluster.unavailable))
+        targets, self.memory, _, self.demands = _plan_targets(
+            sim.catalog, sim.model, sig, sim, now, self.memory, self.corrections, self.fc, self.est, self.planner,
+            dict(sim.cluster.unavailable), self.demands)
         _apply(sim, targets, now)
 
 
@@ -161,12 +171,13 @@ class StaticPeakPolicy(Policy):
         self.planner, self.est = planner, est
         self.memory: PlannerMemory | None = None
         self.sig: ModelSignals | None = None
+        self.demands: dict[str, Demand] | None = None
 
     def warm_start(self, sim: Simulation) -> None:
         peak = sim.peak_rate()
         self.sig = ModelSignals(sim.model, Freshness.FRESH, 0.0, peak, sim.trace_mix(), waiting=0.0)
-        targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, self.sig, sim, 0.0, None, {},
-                                                FORECASTERS["last"], self.est, self.planner)
+        targets, self.memory, _, self.demands = _plan_targets(sim.catalog, sim.model, self.sig, sim, 0.0, None,
+                                                              {}, FORECASTERS["last"], self.est, self.planner)
         for (f, ct), n in sorted(targets.items()):
             for _ in range(n):
                 sim.cluster.place_warm(f, ct, 0.0)
@@ -174,9 +185,9 @@ class StaticPeakPolicy(Policy):
     def control(self, now: float, sim: Simulation) -> None:
         # Same peak demand every period: the planner only acts to replace lost (interrupted) replicas.
         assert self.sig is not None
-        targets, self.memory, _ = _plan_targets(sim.catalog, sim.model, self.sig, sim, now, self.memory, {},
-                                                FORECASTERS["last"], self.est, self.planner,
-                                                dict(sim.cluster.unavailable))
+        targets, self.memory, _, self.demands = _plan_targets(
+            sim.catalog, sim.model, self.sig, sim, now, self.memory, {}, FORECASTERS["last"], self.est,
+            self.planner, dict(sim.cluster.unavailable), self.demands)
         _apply(sim, targets, now)
 
 
@@ -227,6 +238,7 @@ class OraclePolicy(Policy):
         self.fluid_usd = 0.0
         self.fluid_dev_h = 0.0
         self.memory: PlannerMemory | None = None
+        self._demands: dict[str, Demand] | None = None
         self._last: float | None = None
         self._rate = (0.0, 0.0)
         self._per_rps = (math.inf, 0.0)  # ($/h, devices) per request/s of the cheapest offering
@@ -275,7 +287,9 @@ class OraclePolicy(Policy):
         # that just ended must not be drained onto the few that remain (the fluid bound needs no such care).
         lo, hi = sim.count_arrivals(now - 30.0, now)
         sig = replace(sig, arrival_rate_rps=max(sig.arrival_rate_rps or 0.0, (hi - lo) / 30.0))
-        d = estimate(sim.catalog, {sim.model: sig}, None, FORECASTERS["last"], self.est)[sim.model]
+        self._demands = estimate(sim.catalog, {sim.model: sig}, None, FORECASTERS["last"], self.est,
+                                 self._demands)
+        d = self._demands[sim.model]
         caps = {}
         for f, cap in d.capacity.items():
             m = self.capacity.get(f)

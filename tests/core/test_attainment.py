@@ -146,3 +146,57 @@ def test_predicted_tpot_p95_is_what_the_model_calls_the_95th_percentile() -> Non
 
         assert miss(p95) <= 0.05 * multi < miss(0.98 * p95)  # resolved to ~1%
         assert p95 > tpot_at(prof, batch, CODE)  # the tail is above the mean request
+
+
+def _search_cases() -> tuple[list[tuple[str, RequestMix, Correction]], np.ndarray]:
+    flavors = sorted(CAT.models["mistral-7b"].parallelism)
+    mixes = [CODE, RequestMix(300, 400, 900), RequestMix(4000, 50, 7000)]
+    cases = [(f, m, c) for f in flavors for m in mixes for c in (Correction(), Correction(1.5, 1.3))]
+    return cases, np.full(len(cases), 256.0)
+
+
+def _calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the tail model's evaluations (one call evaluates every point of a search step)."""
+    import rayscale.core.attainment as att
+
+    calls = [0]
+    real = att.at_load
+
+    def counted(rows, batch):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return real(rows, batch)
+
+    monkeypatch.setattr(att, "at_load", counted)
+    return calls
+
+
+def test_a_guess_from_last_period_ends_the_search_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control loop passes last period's answers: unchanged inputs give the same answer exactly (no drift
+    of a step per period) after one evaluation; a guess that is off, near or far, still gives an answer to
+    the search's tolerance."""
+    cases, high = _search_cases()
+    rows = rows_of([CAT.profile("mistral-7b", f) for f, _, _ in cases], [SLO_] * len(cases),
+                   [m for _, m, _ in cases], [c for _, _, c in cases])
+    calls = _calls(monkeypatch)
+    cold = largest_load(rows, high, 0.01)
+    cold_calls = calls[0]
+    searched = (cold > 0) & (cold < high)
+    assert searched.sum() > len(cases) // 2
+    calls[0] = 0
+    warm = largest_load(rows, high, 0.01, guess=cold)
+    assert calls[0] == 1 < cold_calls
+    assert warm.tolist() == cold.tolist()
+    for factor in (1.004, 1 / 1.004, 3.0, 1 / 3.0):
+        got = largest_load(rows, high, 0.01, guess=cold * factor)
+        assert np.all(at_load(rows, np.where(searched, got, 1.0)).miss[searched] <= 0.01 + 1e-12)
+        above = np.minimum(got * (1 + RTOL) ** 2, high)
+        assert np.all(at_load(rows, above).miss[searched] > 0.01)
+        assert np.all(np.abs(got[searched] / cold[searched] - 1) <= 2 * RTOL)
+    # The TPOT quantile likewise: its answer is the upper end, and a guess at it holds it.
+    load = np.where(cold > 0, cold / 2, 1.0)
+    t = tpot_quantile(rows, load)
+    calls[0] = 0
+    assert tpot_quantile(rows, load, guess=t).tolist() == t.tolist()
+    assert calls[0] == 1
+    off = tpot_quantile(rows, load, guess=t * 1.5)
+    assert np.all(np.abs(off / t - 1) <= 2 * RTOL)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.core.attainment import at_load
+from rayscale.core.attainment import RTOL, at_load
 from rayscale.core.catalog import SLO, Profile
 from rayscale.core.estimate import (
     Correction,
@@ -234,3 +236,27 @@ def test_optional_prefill_terms_enter_ttft_and_the_decode_budget():
 def test_per_prompt_cost_cannot_exceed_the_overhead_it_is_part_of():
     with pytest.raises(ValueError, match=r"prefill_seq_s .* is part of overhead_s"):
         PROF.model_validate({**PROF.model_dump(), "prefill_seq_s": PROF.overhead_s * 2})
+
+
+def test_last_periods_demand_speeds_the_estimate_without_changing_it() -> None:
+    """estimate(previous=...) starts each capacity search at last period's answer: same capacities (to the
+    search's tolerance) as a cold estimate, and a TPOT correction remembers the prediction it compared with."""
+    cat = load_catalog()
+    mix = RequestMix(900, 120, 2500)
+    sig = {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 6.0, mix)}
+    cold = estimate(cat, sig)
+    warm = estimate(cat, sig, previous=cold)
+    for f, c in cold["mistral-7b"].capacity.items():
+        w = warm["mistral-7b"].capacity[f]
+        assert w.feasible == c.feasible
+        assert w.rps == pytest.approx(c.rps, rel=2 * RTOL)
+    moved = estimate(cat, {"mistral-7b": replace(sig["mistral-7b"], mix=RequestMix(1800, 60, 5000))}, previous=cold)
+    fresh = estimate(cat, {"mistral-7b": replace(sig["mistral-7b"], mix=RequestMix(1800, 60, 5000))})
+    for f, c in fresh["mistral-7b"].capacity.items():
+        assert moved["mistral-7b"].capacity[f].rps == pytest.approx(c.rps, rel=2 * RTOL)
+    obs = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 6.0, mix, per_flavor={
+        "a10g": FlavorObservation(replicas=2, running_per_replica=4.0, tpot_p95_s=0.05, completed=50.0)})
+    c = update_corrections(cat, {"mistral-7b": obs}, {})[("mistral-7b", "a10g")]
+    assert c.tpot_p95_predicted_s > 0
+    again = update_corrections(cat, {"mistral-7b": obs}, {("mistral-7b", "a10g"): c})[("mistral-7b", "a10g")]
+    assert again.tpot_p95_predicted_s == c.tpot_p95_predicted_s

@@ -133,7 +133,7 @@ def _reference_admission(arr, kv, never, run, kv_used, slots, kvcap, live, T1):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_admission_matches_reference(seed):
-    """The int-keyed heap in Engine._admit hands out requests exactly like the plain FIFO rule."""
+    """The compiled scan in Engine._admit (engine._route) hands out requests exactly like the plain FIFO rule."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 200))
     arr = np.sort(rng.uniform(0, 1, n))
