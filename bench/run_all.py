@@ -9,6 +9,7 @@ BENCHES = [
     ["bench.planner", "--out", "bench/results/planner.md"],
     ["bench.simulate_speed"],
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
+    ["bench.mix_window", "--out", "bench/results/mix_window.md"],
     ["bench.capacity_error", "--out", "bench/results/capacity_error.md"],
     ["bench.serving_overhead", "--write"],
     ["bench.controller_vs_serve", "--out", "bench/results/controller_vs_serve.md"],

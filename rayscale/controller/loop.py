@@ -42,7 +42,7 @@ from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.route import flavor_weights
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.signals.scrape import MetricsScraper
-from rayscale.signals.window import Scrape, aggregate
+from rayscale.signals.window import Scrape, aggregate, mix_only
 
 
 @dataclass
@@ -52,6 +52,10 @@ class ControllerConfig:
     # A rise in arrivals counts over this shorter tail of the window too (fast up, slow down); None: off.
     fast_window_s: float | None = 10.0
     stale_after_s: float = 20.0
+    # The request mix spans at least this many finished requests, reaching back up to mix_max_s when the
+    # window holds fewer: its tail quantiles size replicas (bench/results/mix_window.md; 0: window only).
+    mix_min_requests: int = 1000
+    mix_max_s: float = 900.0
     app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
     forecaster: str = "last"
     decision_log: Path | None = None
@@ -119,6 +123,7 @@ class Controller:
         self.config = config or ControllerConfig()
         self.clock = clock
         self.scrapes: deque[Scrape] = deque()
+        self.mix_scrapes: deque[Scrape] = deque()  # older than the window's, trimmed to the mix's series
         self.memory = PlannerMemory()
         self.corrections: dict[tuple[str, str], Correction] = {}
         self.demands: dict[str, Demand] | None = None  # last period's: where the estimator's searches start
@@ -148,11 +153,9 @@ class Controller:
         s = time.perf_counter()
         scrape = self.scraper.scrape(t0)
         errors += self.scraper.errors
-        self.scrapes.append(scrape)
-        while self.scrapes and self.scrapes[0].t < t0 - 4 * cfg.window_s:
-            self.scrapes.popleft()
-        signals = aggregate(list(self.scrapes), t0, cfg.window_s, cfg.stale_after_s, self.catalog.models,
-                            fast_window_s=cfg.fast_window_s)
+        signals = aggregate(self._remember(scrape, t0), t0, cfg.window_s, cfg.stale_after_s,
+                            self.catalog.models, fast_window_s=cfg.fast_window_s,
+                            mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s)
         serve = self.serve.snapshot()
         if not serve.ok:
             errors.append(serve.error)
@@ -216,6 +219,19 @@ class Controller:
         for fn in self._listeners:
             fn(rec)
         return rec
+
+    def _remember(self, scrape: Scrape, now: float) -> list[Scrape]:
+        """The scrapes the next aggregate reads: whole ones for the window (and a margin), older ones
+        trimmed to the request mix's series for as long as the mix may reach back."""
+        cfg = self.config
+        self.scrapes.append(scrape)
+        while self.scrapes and self.scrapes[0].t < now - 4 * cfg.window_s:
+            old = self.scrapes.popleft()
+            if cfg.mix_min_requests and old.ok:
+                self.mix_scrapes.append(mix_only(old))
+        while self.mix_scrapes and self.mix_scrapes[0].t < now - cfg.mix_max_s:
+            self.mix_scrapes.popleft()
+        return [*self.mix_scrapes, *self.scrapes]
 
     def _with_history(self, sig: ModelSignals) -> ModelSignals:
         rate = sig.arrival_rate_rps

@@ -92,6 +92,62 @@ def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
     return None if any(q is None for q in qs) else tuple(max(q or 0.0, 1.0) for q in qs)
 
 
+# What a request mix is computed from: older scrapes are kept trimmed to these (``mix_only``).
+_MIX_SERIES = (PROMPT, GEN, TTFT + "_count", E2E + "_count", PROMPT_HIST, GEN_HIST)
+
+
+def mix_only(scrape: Scrape) -> Scrape:
+    """``scrape`` with only the series a request mix is computed from (no latency histograms or gauges)."""
+    return Scrape(scrape.t, {k: v for k, v in scrape.series.items() if k[0].startswith(_MIX_SERIES)}, scrape.ok)
+
+
+def _mix(first: Scrape, last: Scrape, model: str) -> tuple[RequestMix | None, float]:
+    """The request mix of ``model`` between two scrapes, and how many finished requests it is from."""
+    c: dict[str, float] = defaultdict(float)
+    b: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    for (name, lbls), v in last.series.items():
+        if not name.startswith(_MIX_SERIES) or _label(lbls, "model") != model:
+            continue
+        d = _delta(v, first.series.get((name, lbls)))
+        if name.endswith("_bucket"):
+            b[name[: -len("_bucket")]][float(_label(lbls, "le") or "inf")] += d
+        else:
+            c[name] += d
+    started, done, finished = c[TTFT + "_count"], c[E2E + "_count"], c[GEN_HIST + "_count"]
+    if not started or not (finished or done):
+        return None, finished or done
+    # Engines without the histogram: tokens generated over requests finished (ramps overstate it).
+    output_mean = c[GEN_HIST + "_sum"] / finished if finished else c[GEN] / done
+    prompt_mean = c[PROMPT] / started
+    p95 = histogram_quantile(0.95, b.get(PROMPT_HIST, {}))
+    return RequestMix(prompt_mean, max(output_mean, 1.0), p95 or 2.0 * prompt_mean,
+                      _quantiles(b.get(PROMPT_HIST, {})), _quantiles(b.get(GEN_HIST, {}))), finished or done
+
+
+def _mix_span(ok: Sequence[Scrape], first: Scrape, last: Scrape, model: str, min_requests: int,
+              max_s: float) -> RequestMix | None:
+    """The mix from the latest scrape before ``first`` (within ``max_s`` of ``last``) after which at least
+    ``min_requests`` finished, or from the earliest kept if none: a 30 s window at a few requests a second
+    holds too few for the tail quantiles the estimator reads, and their noise swings capacity by replicas."""
+    mix, n = _mix(first, last, model)
+    if n >= min_requests:
+        return mix
+    older = [s for s in ok if last.t - max_s <= s.t < first.t]
+    if not older:
+        return mix
+    # Finished requests since a scrape fall as the scrape gets later: the last start still holding enough.
+    lo, hi = 0, len(older) - 1
+    if _mix(older[0], last, model)[1] >= min_requests:
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _mix(older[mid], last, model)[1] >= min_requests:
+                lo = mid
+            else:
+                hi = mid - 1
+    wide, _ = _mix(older[lo], last, model)
+    return wide or mix
+
+
 def _arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
     """Requests that reached the engines of ``model`` per second between two scrapes: first tokens
     (admitted and prefilled) plus the growth of the engines' queues."""
@@ -107,8 +163,12 @@ def _arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
 
 
 def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, stale_after_s: float = 20.0,
-              models: Iterable[str] = (), fast_window_s: float | None = None) -> dict[str, ModelSignals]:
+              models: Iterable[str] = (), fast_window_s: float | None = None, mix_min_requests: int = 0,
+              mix_max_s: float = 900.0) -> dict[str, ModelSignals]:
     """ModelSignals per model from the scrapes within ``window_s`` of ``now``.
+
+    The request mix reaches back past the window, over scrapes up to ``mix_max_s`` old (they may carry
+    only the ``mix_only`` series), until it holds ``mix_min_requests`` finished requests.
 
     With ``fast_window_s``, the arrival rate is the larger of the rates over the whole window and over
     its last ``fast_window_s``: a load step shows within seconds instead of after half a window, while a
@@ -171,25 +231,13 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
             out[m] = ModelSignals(m, Freshness.STALE, age)
             continue
         a = per_model.get(m, _Acc())
-        started = a.counters.get(TTFT + "_count", 0.0)
-        done = a.counters.get(E2E + "_count", 0.0)
         waiting_now = sum(a.gauges.get(WAITING, []))
         arrivals = _arrival_rate(first, last, m)
         if fast_window_s is not None:
             recent = [s for s in win if s.t <= last.t - fast_window_s]
             if recent and recent[-1] is not first:
                 arrivals = max(arrivals, _arrival_rate(recent[-1], last, m))
-        prompt_mean = a.counters.get(PROMPT, 0.0) / started if started else None
-        finished = a.counters.get(GEN_HIST + "_count", 0.0)
-        if finished:
-            output_mean: float | None = a.counters.get(GEN_HIST + "_sum", 0.0) / finished
-        else:  # engines without the histogram: tokens generated over requests finished (ramps overstate it)
-            output_mean = a.counters.get(GEN, 0.0) / done if done else None
-        p95 = histogram_quantile(0.95, a.buckets.get(PROMPT_HIST, {}))
-        mix = None
-        if prompt_mean is not None and output_mean is not None:
-            mix = RequestMix(prompt_mean, max(output_mean, 1.0), p95 or 2.0 * prompt_mean,
-                             _quantiles(a.buckets.get(PROMPT_HIST, {})), _quantiles(a.buckets.get(GEN_HIST, {})))
+        mix = _mix_span(ok, first, last, m, mix_min_requests, mix_max_s)
         flav = {}
         for (mm, f), fa in per_flavor.items():
             if mm != m or not f:

@@ -8,6 +8,7 @@ engine advances every replica by one tick. Pure and deterministic for a given tr
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import deque
@@ -32,6 +33,10 @@ class SimConfig:
     seed: int = 0
     control_period_s: float = 5.0
     signal_window_s: float = 30.0  # arrival rate, mix and latency percentiles the controller sees
+    # The request mix (lengths and their quantiles) spans at least this many requests, reaching back up to
+    # mix_max_s when the signal window holds fewer (0: the signal window only). As the controller's.
+    mix_min_requests: int = 1000
+    mix_max_s: float = 900.0
     history_window_s: float = 60.0  # one forecaster sample per this long
     history_len: int = 120
     drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
@@ -176,16 +181,27 @@ class Simulation:
         w = min(self.cfg.signal_window_s, max(now, self.cfg.control_period_s))
         lo, hi = self._count(now - w, now)
         rate = (hi - lo) / w
-        while self._done and self._done[0][0] < now - self.cfg.signal_window_s:
+        k, span = self.cfg.mix_min_requests, self.cfg.mix_max_s if self.cfg.mix_min_requests else 0.0
+        while self._done and self._done[0][0] < now - max(self.cfg.signal_window_s, span):
             self._done.popleft()
-        done = np.concatenate([d for _, d in self._done]) if self._done else np.zeros(0, dtype=np.int64)
+        cut = now - self.cfg.signal_window_s
+        recent = [d for _, d in itertools.takewhile(lambda td: td[0] >= cut, reversed(self._done))][::-1]
+        done = np.concatenate(recent) if recent else np.zeros(0, dtype=np.int64)
+        # The mix reaches back past the window to k requests: a 30 s window at a few req/s holds too few
+        # for its tail quantiles, and their noise swings the capacity estimate by a replica.
+        mix_lo, finished = lo, done
+        if hi - lo < k:
+            mix_lo = max(hi - k, self._count(now - span, now)[0])
+        if len(done) < k:
+            finished = self._last_finished(k)
         if hi > lo:
             # Prompt lengths are known at arrival, output lengths only once requests finish.
-            out = self.output[done] if len(done) else (self.output[lo:hi] if self._last_mix is None else None)
+            out = (self.output[finished] if len(finished) else
+                   (self.output[lo:hi] if self._last_mix is None else None))
             last = self._last_mix
             out_mean = float(out.mean()) if out is not None else (last.output_mean if last else 1.0)
             out_q = length_quantiles(out) if out is not None else (last.output_quantiles if last else None)
-            p = self.prompt[lo:hi]
+            p = self.prompt[mix_lo:hi]
             self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), p95(p), length_quantiles(p), out_q)
         eng = self.engine
         ttft = eng.ttft[done]
@@ -217,6 +233,17 @@ class Simulation:
             tpot_p95_s=p95(tpot) if len(tpot) else None,
             kv_usage=eng.kv_usage(), per_flavor=per_flavor, rate_history=tuple(self._history),
         )
+
+    def _last_finished(self, k: int) -> np.ndarray:
+        """Trace indices of the last ``k`` requests to finish (fewer if the kept span holds fewer)."""
+        parts, n = [], 0
+        for _, d in reversed(self._done):
+            parts.append(d)
+            n += len(d)
+            if n >= k:
+                break
+        out = np.concatenate(parts[::-1]) if parts else np.zeros(0, dtype=np.int64)
+        return out[-k:] if len(out) > k else out
 
     def _running_on(self, flavor_index: int) -> float:
         eng = self.engine

@@ -1,13 +1,14 @@
-"""What the controller remembers between periods shapes only its estimate: here, the request mix."""
+"""What the controller remembers between periods: the last request mix, and the scrapes the next reads."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rayscale.config import load_catalog
-from rayscale.controller.loop import Controller
+from rayscale.controller.loop import Controller, ControllerConfig
 from rayscale.core.estimate import estimate
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.signals.window import RUNNING, TTFT, Scrape, labels
 
 SHORT = RequestMix(prompt_mean=100, output_mean=32, prompt_p95=200)
 
@@ -27,3 +28,23 @@ def test_a_window_without_finished_requests_keeps_the_last_mix_not_the_default()
     # A model never seen finishing a request still gets the default (and says nothing was remembered).
     other = Controller(cat, none, none, none)._with_history(ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0))
     assert other.mix is None
+
+
+def test_scrapes_are_kept_whole_for_the_window_and_trimmed_for_the_mix() -> None:
+    """The mix may reach back mix_max_s; only its series are kept that long (memory stays a fraction)."""
+    cat = load_catalog().subset(["mistral-7b"], ["a10g"])
+    none: Any = None
+    cfg = ControllerConfig(window_s=30.0, mix_min_requests=1000, mix_max_s=300.0)
+    ctl = Controller(cat, none, none, none, cfg)
+    lb = labels(model="mistral-7b", flavor="a10g", ReplicaId="r1")
+    kept: list[Scrape] = []
+    for t in range(0, 1001, 5):
+        kept = ctl._remember(Scrape(float(t), {(TTFT + "_count", lb): 2.0 * t, (RUNNING, lb): 1.0}), float(t))
+    assert [s.t for s in kept] == [float(t) for t in range(700, 1001, 5)]
+    whole = [s for s in kept if (RUNNING, lb) in s.series]
+    assert whole[0].t == 1000 - 4 * 30 and all((TTFT + "_count", lb) in s.series for s in kept)
+    # Without a count to reach, nothing older than the window's margin is kept.
+    plain = Controller(cat, none, none, none, ControllerConfig(window_s=30.0, mix_min_requests=0))
+    for t in range(0, 1001, 5):
+        kept = plain._remember(Scrape(float(t), {(RUNNING, lb): 1.0}), float(t))
+    assert kept[0].t == 1000 - 4 * 30

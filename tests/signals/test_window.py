@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from rayscale.core.signals import MIX_QUANTILES, Freshness
@@ -19,6 +21,7 @@ from rayscale.signals.window import (
     aggregate,
     histogram_quantile,
     labels,
+    mix_only,
     parse_prometheus,
 )
 
@@ -174,3 +177,42 @@ def test_length_quantiles_come_from_the_token_histograms_of_the_window() -> None
     plain = [Scrape(0.0, _rep("m", "a10g", "r1", 0, 1, 1, 0, {})), Scrape(10.0, _rep("m", "a10g", "r1", 10, 5, 5, 0, {}))]
     mix = aggregate(plain, now=10.0)["m"].mix
     assert mix is not None and mix.prompt_quantiles is None and mix.output_quantiles is None
+
+
+def _steady(t: float, prompt_of: Callable[[int], int]) -> Scrape:
+    """One replica finishing 2 requests a second since t=0; request i had ``prompt_of(i)`` prompt tokens
+    and 10 output tokens."""
+    lb = labels(model="m", flavor="a10g", ReplicaId="r1")
+    n = int(2 * t)
+    return Scrape(t, {
+        (TTFT + "_count", lb): n, (E2E + "_count", lb): n, (GEN_HIST + "_count", lb): n,
+        (GEN_HIST + "_sum", lb): 10 * n, (GEN, lb): 10 * n, (PROMPT, lb): sum(prompt_of(i) for i in range(n)),
+        (WAITING, lb): 0.0, (RUNNING, lb): 3.0,
+    })
+
+
+def test_the_mix_reaches_back_to_enough_finished_requests_and_no_further() -> None:
+    """30 s at 2 req/s is 60 requests, too few for the tail quantiles the estimator reads. The mix starts
+    at the latest older scrape after which ``mix_min_requests`` finished, read from scrapes trimmed to the
+    mix's series, and never further back than ``mix_max_s``."""
+    def prompt(i: int) -> int:  # the first 400 requests (t < 200 s) had 1,000-token prompts, later ones 100
+        return 1000 if i < 400 else 100
+
+    scrapes = [_steady(t, prompt) for t in range(0, 301, 10)]
+    old = [mix_only(s) for s in scrapes[:-9]]
+    assert all(k[0] not in (WAITING, RUNNING) for s in old for k in s.series) and old[0].series
+    kept = old + scrapes[-9:]
+    narrow = aggregate(kept, now=300.0)["m"].mix
+    assert narrow is not None and narrow.prompt_mean == pytest.approx(100)
+    # 300 requests reach back to t=150: 100 long prompts and 200 short ones.
+    wide = aggregate(kept, now=300.0, mix_min_requests=300)["m"]
+    assert wide.mix is not None and wide.mix.prompt_mean == pytest.approx((100 * 1000 + 200 * 100) / 300)
+    assert wide.mix.output_mean == pytest.approx(10)
+    # The rate and everything else is still the window's.
+    assert wide.arrival_rate_rps == pytest.approx(2.0) and wide.running == 3.0
+    # Only 100 s back: the 200 short ones, fewer than asked for.
+    capped = aggregate(kept, now=300.0, mix_min_requests=300, mix_max_s=100)["m"].mix
+    assert capped is not None and capped.prompt_mean == pytest.approx(100)
+    # Everything kept holds fewer than asked for: the mix starts at the earliest scrape.
+    everything = aggregate(kept, now=300.0, mix_min_requests=10_000, mix_max_s=1e9)["m"].mix
+    assert everything is not None and everything.prompt_mean == pytest.approx((400 * 1000 + 200 * 100) / 600)

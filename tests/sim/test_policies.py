@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -158,3 +159,37 @@ def test_cli_warmup_pass_scores_the_second_pass(capsys):
     assert "--warmup pass needs --repeat" in capsys.readouterr().err
     assert cli_main([*argv, "--warmup", "soon"]) == 2
     assert "--warmup: expected seconds or 'pass', got 'soon'" in capsys.readouterr().err
+
+
+def test_the_mix_reaches_back_to_enough_requests_and_no_further():
+    """At 2 req/s a 30 s window holds ~60 requests, too few for the tail quantiles the estimator reads:
+    prompts come from the last k arrivals and outputs from the last k to finish, within mix_max_s."""
+    k = 200
+    seen: list[tuple[float, float, int, int]] = []  # (prompt mean wide, narrow, window lo, hi)
+
+    class Probe(StockPolicy):
+        def control(self, now: float, sim: Simulation) -> None:
+            super().control(now, sim)
+            if seen or now < 600:
+                return
+            lo, hi = sim._count(now - 30, now)
+            assert 0 < hi - lo < k
+            mix = sim.signals(now).mix
+            assert mix is not None
+            assert mix.prompt_mean == pytest.approx(sim.prompt[hi - k:hi].mean())
+            finished = np.concatenate([d for _, d in sim._done])[-k:]
+            assert len(finished) == k
+            assert mix.output_mean == pytest.approx(max(float(sim.output[finished].mean()), 1.0))
+            # Never past mix_max_s: 30 s back it is the window's own requests again, as with k = 0.
+            cfg = sim.cfg
+            sim.cfg = replace(cfg, mix_max_s=30.0)
+            short = sim.signals(now).mix
+            sim.cfg = replace(cfg, mix_min_requests=0)
+            narrow = sim.signals(now).mix
+            sim.cfg = cfg
+            assert short is not None and narrow is not None
+            assert short.prompt_mean == narrow.prompt_mean == pytest.approx(sim.prompt[lo:hi].mean())
+            seen.append((mix.prompt_mean, narrow.prompt_mean, lo, hi))
+
+    Simulation(CAT, TRACE.window(0, 900), Probe(), SimConfig(seed=1, mix_min_requests=k, mix_max_s=600)).run()
+    assert seen and seen[0][0] != seen[0][1]
