@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from rayscale.commands.plan import add_catalog_args, catalog_from_args
+from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
 
 
 def register(sub: Any) -> None:
@@ -30,6 +31,9 @@ def register(sub: Any) -> None:
     p.add_argument("--dashboard", default=None, help="kube: Ray dashboard URL (Serve API)")
     p.add_argument("--ray-address", default=None,
                    help="kube: Ray GCS address for metrics discovery (default: the dashboard host, port 6379)")
+    p.add_argument("--mix-min-requests", type=int, default=MIX_MIN_REQUESTS, metavar="N",
+                   help="the request mix spans at least N finished requests, reaching back up to 900 s when the "
+                        f"window holds fewer (0: the window only; default {MIX_MIN_REQUESTS})")
     p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
     p.add_argument("--period", type=float, default=5.0, help="seconds between reconciles (default 5)")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
@@ -68,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: --launch-timeout-factor: {e}", file=sys.stderr)
         return 2
+    try:
+        check_mix_span(args.mix_min_requests, MIX_MAX_S)
+    except ValueError as e:
+        print(f"error: --mix-min-requests: {e}", file=sys.stderr)
+        return 2
     if args.detached or args.stop:
         return _detached(args)
     actuator: Actuator
@@ -105,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                                    rayservice=args.rayservice))
     ray.init(address=address, logging_level=logging.ERROR)
     ctl = Controller(cat, actuator, ServeClient(dashboard), MetricsScraper(),
-                     ControllerConfig(period_s=args.period, app_name=args.app,
+                     ControllerConfig(period_s=args.period, app_name=args.app, mix_min_requests=args.mix_min_requests,
                                       decision_log=Path(args.decision_log), act=act),
                      weights_sink=set_flavor_weights)
     from rayscale.controller.metrics import ControllerMetrics
@@ -149,6 +158,7 @@ def _detached(args: argparse.Namespace) -> int:
         root=root, models=args.models, flavors=args.flavors, profiles=args.profiles,
         only_models=args.only_models, only_flavors=args.only_flavors, app=args.app, period_s=args.period,
         launch_delay_s=args.launch_delay, max_nodes=args.max_nodes, decision_log=args.decision_log,
+        mix_min_requests=args.mix_min_requests,
         act={} if args.launch_timeout_factor is None else {"launch_timeout_factor": args.launch_timeout_factor}))
     st = ray.get(actor.status.remote(), timeout=120)
     print(f"detached controller running on the head node ({st}); stop it with `rayscale controller --stop`")

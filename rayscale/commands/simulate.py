@@ -8,6 +8,8 @@ import math
 import sys
 from typing import Any
 
+from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
+
 POLICY_CHOICES = ("rayscale", "stock", "static-peak", "oracle", "all")
 
 
@@ -33,6 +35,9 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
     p.add_argument("--control-period", type=float, default=5.0, help="policy period, seconds")
+    p.add_argument("--mix-min-requests", type=int, default=MIX_MIN_REQUESTS, metavar="N",
+                   help="the request mix policies see spans at least N requests, reaching back up to 900 s "
+                        f"(0: the signal window only; default {MIX_MIN_REQUESTS}, as the controller)")
     p.add_argument("--solver", choices=["auto", "exact", "greedy"], default="greedy",
                    help="planner solver for rayscale/static-peak/oracle (default greedy, for speed)")
     p.add_argument("--prefill-contention", action=argparse.BooleanOptionalAction, default=True,
@@ -62,6 +67,11 @@ def run(args: argparse.Namespace) -> int:
     # --model (shared with `plan`) names the simulated model; default: the project's default model.
     model = args.only_models[0] if args.only_models else "mistral-7b"
     try:
+        check_mix_span(args.mix_min_requests, MIX_MAX_S)
+    except ValueError as e:
+        print(f"error: --mix-min-requests: {e}", file=sys.stderr)
+        return 2
+    try:
         cat = load_catalog(args.models, args.flavors, args.profiles)
         if model not in cat.models:
             raise CatalogError(f"--model: unknown model {model!r}; allowed: {sorted(cat.models)}")
@@ -75,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
         cfg = SimConfig(model=model, seed=args.seed, control_period_s=args.control_period,
-                        planner=PlannerSettings(solver=args.solver), engine=engine, warmup_s=warmup)
+                        planner=PlannerSettings(solver=args.solver), engine=engine, warmup_s=warmup,
+                        mix_min_requests=args.mix_min_requests)
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,8 @@ from typing import Any
 
 import ray
 
+from rayscale.signals.window import MIX_MIN_REQUESTS
+
 NAME = "rayscale-controller"
 NAMESPACE = "rayscale"
 
@@ -30,6 +32,7 @@ class ControllerSpec:
     launch_delay_s: float = 5.0
     max_nodes: int = 3
     decision_log: str | None = None
+    mix_min_requests: int = MIX_MIN_REQUESTS
     planner: dict[str, Any] = field(default_factory=dict)  # PlannerSettings fields
     act: dict[str, Any] = field(default_factory=dict)  # ActSettings fields
 
@@ -60,7 +63,7 @@ class ControllerActor:
         self.actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=s.launch_delay_s,
                                                                    max_worker_nodes=s.max_nodes))
         self.ctl = Controller(cat, self.actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
-                              ControllerConfig(period_s=s.period_s, app_name=s.app,
+                              ControllerConfig(period_s=s.period_s, app_name=s.app, mix_min_requests=s.mix_min_requests,
                                                decision_log=Path(s.decision_log) if s.decision_log else None,
                                                planner=PlannerSettings(**s.planner), act=ActSettings(**s.act)),
                               weights_sink=set_flavor_weights)

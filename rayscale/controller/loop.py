@@ -42,7 +42,7 @@ from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.route import flavor_weights
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.signals.scrape import MetricsScraper
-from rayscale.signals.window import Scrape, aggregate, mix_only
+from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, Scrape, aggregate, check_mix_span, mix_only
 
 
 @dataclass
@@ -54,8 +54,8 @@ class ControllerConfig:
     stale_after_s: float = 20.0
     # The request mix spans at least this many finished requests, reaching back up to mix_max_s when the
     # window holds fewer: its tail quantiles size replicas (bench/results/mix_window.md; 0: window only).
-    mix_min_requests: int = 1000
-    mix_max_s: float = 900.0
+    mix_min_requests: int = MIX_MIN_REQUESTS
+    mix_max_s: float = MIX_MAX_S
     app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
     forecaster: str = "last"
     decision_log: Path | None = None
@@ -63,6 +63,9 @@ class ControllerConfig:
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     act: ActSettings = field(default_factory=ActSettings)
     estimate: EstimateSettings = field(default_factory=EstimateSettings)
+
+    def __post_init__(self) -> None:
+        check_mix_span(self.mix_min_requests, self.mix_max_s)
 
 
 @dataclass

@@ -92,6 +92,20 @@ def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
     return None if any(q is None for q in qs) else tuple(max(q or 0.0, 1.0) for q in qs)
 
 
+# The request mix spans at least this many finished requests, reaching back up to MIX_MAX_S when the window
+# holds fewer (bench/results/mix_window.md): the defaults of the controller and the simulator.
+MIX_MIN_REQUESTS = 1000
+MIX_MAX_S = 900.0
+
+
+def check_mix_span(mix_min_requests: int, mix_max_s: float) -> None:
+    """The settings of how far a request mix reaches back (controller and simulator), or ValueError."""
+    if not (isinstance(mix_min_requests, int) and mix_min_requests >= 0):
+        raise ValueError(f"mix_min_requests must be an integer >= 0, got {mix_min_requests!r}")
+    if not mix_max_s > 0:
+        raise ValueError(f"mix_max_s must be > 0, got {mix_max_s!r}")
+
+
 # What a request mix is computed from: older scrapes are kept trimmed to these (``mix_only``).
 _MIX_SERIES = (PROMPT, GEN, TTFT + "_count", E2E + "_count", PROMPT_HIST, GEN_HIST)
 

@@ -20,6 +20,7 @@ import numpy as np
 from rayscale.core.catalog import Catalog
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
+from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
 from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, CloudTotals, Cluster
 from rayscale.sim.engine import DONE, FAILED, EngineConfig, make_engine, p95
@@ -35,8 +36,8 @@ class SimConfig:
     signal_window_s: float = 30.0  # arrival rate, mix and latency percentiles the controller sees
     # The request mix (lengths and their quantiles) spans at least this many requests, reaching back up to
     # mix_max_s when the signal window holds fewer (0: the signal window only). As the controller's.
-    mix_min_requests: int = 1000
-    mix_max_s: float = 900.0
+    mix_min_requests: int = MIX_MIN_REQUESTS
+    mix_max_s: float = MIX_MAX_S
     history_window_s: float = 60.0  # one forecaster sample per this long
     history_len: int = 120
     drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
@@ -65,6 +66,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.warmup_s >= 0:
             raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
+        check_mix_span(self.mix_min_requests, self.mix_max_s)
 
 
 @dataclass

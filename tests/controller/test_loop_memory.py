@@ -48,3 +48,20 @@ def test_scrapes_are_kept_whole_for_the_window_and_trimmed_for_the_mix() -> None
     for t in range(0, 1001, 5):
         kept = plain._remember(Scrape(float(t), {(RUNNING, lb): 1.0}), float(t))
     assert kept[0].t == 1000 - 4 * 30
+
+
+def test_mix_settings_are_checked_and_the_clis_name_their_flag(capsys: Any) -> None:
+    import pytest
+
+    from rayscale.cli import main
+    from rayscale.sim.simulator import SimConfig
+
+    for bad in ({"mix_min_requests": -1}, {"mix_max_s": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ControllerConfig(**bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SimConfig(**bad)  # type: ignore[arg-type]
+    for cmd in (["controller"], ["simulate", "--trace", "gen:poisson:rate=1,hours=0.01"]):
+        assert main([*cmd, "--mix-min-requests", "-5"]) == 2
+        err = capsys.readouterr().err
+        assert "--mix-min-requests: mix_min_requests must be an integer >= 0, got -5" in err
