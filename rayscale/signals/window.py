@@ -178,7 +178,7 @@ def _arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
 
 def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, stale_after_s: float = 20.0,
               models: Iterable[str] = (), fast_window_s: float | None = None, mix_min_requests: int = 0,
-              mix_max_s: float = 900.0) -> dict[str, ModelSignals]:
+              mix_max_s: float = MIX_MAX_S) -> dict[str, ModelSignals]:
     """ModelSignals per model from the scrapes within ``window_s`` of ``now``.
 
     The request mix reaches back past the window, over scrapes up to ``mix_max_s`` old (they may carry
