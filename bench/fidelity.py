@@ -275,7 +275,9 @@ def profile_yaml(p: Any) -> str:
                     if getattr(p, k))
     return (f"  - {{model: {p.model}, flavor: {p.flavor}, prefill_tokens_per_s: {p.prefill_tokens_per_s:g}, "
             f"overhead_s: {p.overhead_s:g}, {extra}itl_alpha_s: {p.itl_alpha_s:g}, itl_beta_s: {p.itl_beta_s:g}, "
-            f"max_num_seqs: {p.max_num_seqs}, kv_tokens: {p.kv_tokens}, startup_s: {p.startup_s:g},\n"
+            f"max_num_seqs: {p.max_num_seqs}, "
+            + (f"max_num_batched_tokens: {p.max_num_batched_tokens}, " if p.max_num_batched_tokens else "")
+            + f"kv_tokens: {p.kv_tokens}, startup_s: {p.startup_s:g},\n"
             f"     source: {json.dumps(p.source)}}}\n")
 
 

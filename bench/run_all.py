@@ -10,6 +10,7 @@ BENCHES = [
     ["bench.simulate_speed"],
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
     ["bench.mix_window", "--out", "bench/results/mix_window.md"],
+    ["bench.chunk_choice", "--out", "bench/results/chunk_choice.md"],
     ["bench.capacity_error", "--out", "bench/results/capacity_error.md"],
     ["bench.serving_overhead", "--write"],
     ["bench.controller_vs_serve", "--out", "bench/results/controller_vs_serve.md"],

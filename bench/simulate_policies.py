@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.simulate_policies [--out bench/results/sim_policies.md] [--plots] [--tradeoffs]
 
-The same runs as `rayscale simulate --policy all --trace ... --prefill-contention --json`, one call per
+The same runs as `rayscale simulate --policy all --trace ... --request-mix trace --json`, one call per
 trace (commands in the output). Goals for rayscale (issue 6): SLO attainment >= 99%, cost <= 1.10x oracle
 and <= 0.60x stock. ``--tradeoffs`` also replays the rayscale policy under other settings (forecaster,
 target utilisation, headroom, scale-down delay) on the same three traces and tabulates SLO against cost.
@@ -21,6 +21,7 @@ from typing import Any
 from rayscale.commands.simulate import render_table
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog
+from rayscale.core.chunk import pin_chunks
 from rayscale.core.estimate import EstimateSettings, replica_capacity
 from rayscale.core.forecast import Forecaster, Seasonal
 from rayscale.core.plan import PlannerSettings
@@ -88,10 +89,15 @@ VARIANTS = [
 METHOD = """\
 How to read these numbers:
 
-- Engine: chunked prefill (`EngineConfig.prefill_contention`, now the default): a replica's prefill
-  tokens share its time with decode, at most 2,048 per iteration. The previous results let every request
-  prefill at the replica's full rate in parallel, which on the Azure code trace (2,048-token prompts,
-  28-token outputs) gave a replica about ten times its profile's prefill throughput.
+- Engine: chunked prefill (`EngineConfig.prefill_contention`, the default): while a replica decodes,
+  every iteration carries at most one chunk of prompt tokens beside the decodes, so prompts prefill at
+  chunk / (decode step + chunk's prefill) and each decode step waits at most one chunk (since 2026-11-24;
+  before, a tick's prefill backlog below a full chunk rate ran first at the full prefill rate and stalled
+  decodes for all of it, which no vLLM iteration does). The chunk (vLLM's `max_num_batched_tokens`) is
+  what each policy deploys: the stock stack vLLM's default 2,048; rayscale, static-peak and the oracle the
+  chunk rayscale picks per flavor for the model's declared request mix (`rayscale.core.chunk`; here each
+  trace declares its own, `--request-mix trace`: Azure x3 gets L40S 1,024 and A100 768, the other traces
+  2,048 everywhere; `bench/results/chunk_choice.md`).
 - Oracle: perfect foresight (true rate of the next minute), instant nodes, fluid packing. Its cost is
   sized from *measured* capacity, not the estimator's model: for each flavor, the largest arrival rate
   per replica at which a pool of the same Engine (about 2,048 concurrent sequences), fed Poisson arrivals
@@ -112,8 +118,11 @@ How to read these numbers:
 
 
 def capacity_note(cat: Catalog, tr: Trace, oracle: OraclePolicy, model: str) -> str:
-    """Measured vs predicted capacity per replica for the flavors the oracle measured."""
+    """Measured vs predicted capacity per replica for the flavors the oracle measured (at the prefill chunk
+    each runs, as the oracle measured them)."""
     from rayscale.sim.policies import window_mix
+
+    cat = pin_chunks(cat)
 
     mix = window_mix(tr.prompt_tokens, tr.output_tokens.clip(1))
     assert mix is not None
@@ -129,7 +138,7 @@ def capacity_note(cat: Catalog, tr: Trace, oracle: OraclePolicy, model: str) -> 
             + (f" (not cheaper per request, one run each: {', '.join(dom)})" if dom else "") + ".")
 
 
-def steady_state(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, SimResult]],
+def steady_state(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[str, SimResult]],
                  steady: dict[int, dict[str, SimResult]], cfg: SimConfig) -> str:
     """Every policy again on each trace played twice, only the second pass scored (``--repeat 2 --warmup
     pass``): the fleet and rate history a controller that has run for a while would have."""
@@ -143,7 +152,7 @@ def steady_state(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, Si
     for i, tr in enumerate(traces):
         tr2 = tr.repeat(2)
         c2 = replace(cfg, warmup_s=float(tr2.arrival_s[len(tr)]))
-        results = [simulate(cat, tr2, name, c2) for name in POLICIES]  # built from c2 as `rayscale simulate` does
+        results = [simulate(cats[i], tr2, name, c2) for name in POLICIES]  # built from c2 as `rayscale simulate` does
         steady[i] = {r.policy: r for r in results}
         parts.append(f"\n### {CASES[i][0]}\n\n```\n{render_table(results, tr2.name)}\n```\n")
         for r in results:
@@ -196,9 +205,13 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
 - Azure code x3: the load swings within the minute (peak 10-s rate {r10:.0f} req/s, peak 1-min
   {r60:.0f}, mean {len(x) / x[-1]:.1f}); its p95 prompt of {float(np.percentile(az.prompt_tokens, 95)):.0f}
   tokens takes 1.5 s of prefill on a 5,000 token/s flavor, and {100 * short:.0f}% of the answers are under 10
-  tokens, so one long prompt's chunks in their one or two decode iterations break their TPOT. Even the
-  oracle's integer plan (perfect one-minute foresight, instant nodes) misses 99% by far; meeting it needs
-  capacity sized for the 10-second peaks, {r10 / r60:.0f}x the one-minute peak static-peak is sized for.
+  tokens. At vLLM's 2,048-token chunk one long prompt's chunk in their one or two decode iterations broke
+  their TPOT (2026-11-23: all 266 misses of the steady pass were TPOT); rayscale now deploys the L40S at
+  768 tokens for this mix (`chunk_choice.md`), and what is left is mostly TTFT in the 10-second peaks
+  (steady pass, seed 0: 292 TTFT and 151 TPOT misses, 248 of them in the one minute at 4.4x the mean load;
+  seed 2: 292 TTFT, 0 TPOT). Even the oracle's integer plan (perfect one-minute foresight, instant nodes)
+  misses 99% by far; meeting it needs capacity sized for the 10-second peaks, {r10 / r60:.0f}x the
+  one-minute peak static-peak is sized for.
 - Cost against the oracle: the oracle is a fluid bound on measured capacity; a real fleet pays for target
   utilisation (0.8), the hysteresis band (0.25), whole replicas, capacity ordered a start-up time early
   and, here, the estimator's error: it predicts more per-replica capacity than the engine sustains at
@@ -217,13 +230,13 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
 """
 
 
-def run_tradeoffs(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, SimResult]], seed: int,
+def run_tradeoffs(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[str, SimResult]], seed: int,
                   solver: str) -> str:
     rows: list[list[Any]] = []
     for v in VARIANTS:
         row: list[Any] = [v.label, v.forecaster, v.target_utilization, v.headroom, int(v.downscale_delay_s)]
         for i, tr in enumerate(traces):
-            r = Simulation(cat, tr, v.policy(solver), SimConfig(seed=seed)).run()
+            r = Simulation(cats[i], tr, v.policy(solver), SimConfig(seed=seed)).run()
             o, s = base[i]["oracle"].cost_usd, base[i]["stock"].cost_usd
             row += [f"{100 * r.slo_attainment:.2f}%", round(r.cost_usd, 2), f"{r.cost_usd / o:.1f}x",
                     f"{r.cost_usd / s:.2f}x"]
@@ -235,7 +248,7 @@ def run_tradeoffs(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, S
     return format_table(head, rows)
 
 
-def engine_check(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, SimResult]], cfg: SimConfig) -> str:
+def engine_check(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[str, SimResult]], cfg: SimConfig) -> str:
     """rayscale and stock again on the iteration-level engine model (``--engine iteration``): how much the
     conclusions above depend on the fluid engine model they ran on."""
     it_cfg = replace(cfg, engine=replace(cfg.engine, model="iteration"))
@@ -244,7 +257,7 @@ def engine_check(cat: Catalog, traces: list[Trace], base: dict[int, dict[str, Si
         for name in ("rayscale", "stock"):
             pol = (make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s)
                    if name == "rayscale" else make_policy("stock", cfg.planner))
-            r = simulate(cat, tr, pol, it_cfg)
+            r = simulate(cats[i], tr, pol, it_cfg)
             f = base[i][name]
             rows.append(f"{CASES[i][0][:28]:28s}  {name:8s}  {100 * f.slo_attainment:7.2f}%  "
                         f"{100 * r.slo_attainment:7.2f}%  {f.cost_usd:8.2f}  {r.cost_usd:8.2f}  "
@@ -280,16 +293,20 @@ def main() -> None:
            f"catalog; engine = fluid engine model (chunked prefill), tick {cfg.engine.tick_s} s; "
            f"control period {cfg.control_period_s:g} s; planner solver {cfg.planner.solver}.\n", METHOD]
     traces: list[Trace] = []
+    cats: list[Catalog] = []
     base: dict[int, dict[str, SimResult]] = {}
     for i, (label, spec, rate) in enumerate(CASES):
         tr = load_spec(spec, seed=args.seed, rate_scale=rate)
         traces.append(tr)
+        # The model declares the trace's request shape (`--request-mix trace`): what an operator knows of
+        # the workload. It sizes the first minute and picks rayscale's prefill chunks (rayscale.core.chunk).
+        cats.append(cat.with_request_mix(cfg.model, tr.request_mix()))
         oracle = OraclePolicy(planner=cfg.planner)
         pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s),
                               make_policy("stock", cfg.planner), make_policy("static-peak", cfg.planner), oracle]
-        results = [simulate(cat, tr, p, cfg) for p in pols]
+        results = [simulate(cats[i], tr, p, cfg) for p in pols]
         base[i] = {r.policy: r for r in results}
-        cmd = f"rayscale simulate --trace {spec} --policy all --seed {args.seed} --prefill-contention"
+        cmd = f"rayscale simulate --trace {spec} --policy all --seed {args.seed} --request-mix trace"
         if rate != 1.0:
             cmd += f" --rate-scale {rate:g}"
         st = tr.stats()
@@ -300,7 +317,7 @@ def main() -> None:
         o = base[i]["oracle"]
         out.append(f"oracle: fluid lower bound ${o.cost_usd:.2f}; its integer plan with instant nodes cost "
                    f"${o.extra['integer_cost_usd']:.2f} at {100 * o.slo_attainment:.2f}% SLO. "
-                   f"{capacity_note(cat, tr, oracle, cfg.model)}\n")
+                   f"{capacity_note(cats[i], tr, oracle, cfg.model)}\n")
         print("\n".join(out[-2:]), flush=True)
         if args.plots:
             from rayscale.sim.plots import plot_results
@@ -309,9 +326,9 @@ def main() -> None:
                          str(Path(args.out).parent / f"sim_case{i + 1}.png"), title=label)
     steady: dict[int, dict[str, SimResult]] = {}
     if not args.no_steady:
-        out.append(steady_state(cat, traces, base, steady, cfg))
+        out.append(steady_state(cats, traces, base, steady, cfg))
     if not args.no_engine_check:
-        out.append(engine_check(cat, traces, base, cfg))
+        out.append(engine_check(cats, traces, base, cfg))
     if args.tradeoffs:
         out.append("\n## rayscale settings: SLO attainment against cost\n\nThe rayscale policy replayed on the "
                    "three traces above with one setting changed at a time from the previous default (forecaster "
@@ -319,7 +336,7 @@ def main() -> None:
                    "`peakN`: forecaster `Seasonal(peak_window=N)` (season detected in the history, never below "
                    "the highest rate of the last N one-minute windows); `holdN`: the same without the season. "
                    "/oracle and /stock: cost over the fluid oracle's and the stock stack's above.\n\n```\n"
-                   + run_tradeoffs(cat, traces, base, args.seed, cfg.planner.solver) + "\n```\n")
+                   + run_tradeoffs(cats, traces, base, args.seed, cfg.planner.solver) + "\n```\n")
     out.append(shortfall_notes(cat, traces, cfg.model, steady))
     Path(args.out).write_text("\n".join(out))
 

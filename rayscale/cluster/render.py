@@ -315,9 +315,12 @@ def raycluster_spec(catalog: Catalog, settings: RenderSettings) -> Obj:
 
 
 def serve_config_from_catalog(catalog: Catalog) -> Obj:
-    """A serve config for every model on its Kubernetes flavors, all at 0 replicas (rayscale scales)."""
+    """A serve config for every model on its Kubernetes flavors, all at 0 replicas (rayscale scales). Each
+    flavor's vLLM prefill chunk is the one rayscale's estimator models for it (rayscale.core.chunk)."""
+    from rayscale.core.chunk import pin_chunks
     from rayscale.serve.config import parse_app_args
 
+    catalog = pin_chunks(catalog)
     models = []
     for m in catalog.models.values():
         flavors = []
@@ -331,6 +334,7 @@ def serve_config_from_catalog(catalog: Catalog) -> Obj:
                 "num_replicas": 0,
                 "tensor_parallel_size": par.tp,
                 "pipeline_parallel_size": par.pp,
+                "engine_kwargs": {"max_num_batched_tokens": catalog.profile(m.name, fname).max_num_batched_tokens},
             })
         if flavors:
             models.append({"name": m.name, "engine": "vllm", "source": m.model, "flavors": flavors})

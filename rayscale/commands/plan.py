@@ -39,6 +39,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from rayscale.config import load_catalog, load_loadfile
     from rayscale.core.catalog import CatalogError
+    from rayscale.core.chunk import pin_chunks
     from rayscale.core.estimate import estimate
     from rayscale.core.plan import PlannerSettings, plan
     from rayscale.tables import format_table
@@ -49,25 +50,32 @@ def run(args: argparse.Namespace) -> int:
         unknown = sorted(set(load.models) - set(full.models))
         if unknown:
             raise CatalogError(f"{args.load}: models: unknown model(s) {unknown}; allowed: {sorted(full.models)}")
-        cat = catalog_from_args(args)
+        cat = pin_chunks(catalog_from_args(args))  # capacities at the prefill chunk rayscale deploys
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     demands = estimate(cat, load.signals())
     result, _ = plan(cat, demands, load.current_map(), load.unavailable_map(), load.now_s,
                      settings=PlannerSettings(solver=args.solver))
+    def chunk(model: str, flavor: str) -> int | None:  # vLLM max_num_batched_tokens the serve config should set
+        return cat.profile(model, flavor).max_num_batched_tokens
+
     if args.json:
         out = result.to_dict()
         out["demand"] = {m: {"state": d.state.value, "rps": round(d.rps, 4), "reason": d.reason}
                          for m, d in demands.items()}
+        out["max_num_batched_tokens"] = {m: {f: chunk(m, f) for f in spec.parallelism}
+                                         for m, spec in cat.models.items()}
         print(json.dumps(out, indent=2))
         return 0
     rows = [
         [e.model, e.flavor, e.capacity_type, f"{e.current}->{e.replicas}" if e.current != e.replicas else e.replicas,
-         f"{e.replicas}x {e.gang.nodes}x{e.gang.instance_type}", e.nodes, f"{e.usd_per_h:.2f}", e.reason]
+         f"{e.replicas}x {e.gang.nodes}x{e.gang.instance_type}", e.nodes, chunk(e.model, e.flavor),
+         f"{e.usd_per_h:.2f}", e.reason]
         for e in result.entries
     ]
-    print(format_table(["model", "flavor", "capacity", "replicas", "gangs", "nodes", "$/h", "reason"], rows))
+    print(format_table(["model", "flavor", "capacity", "replicas", "gangs", "nodes", "chunk", "$/h", "reason"],
+                       rows))
     print(f"\ntotal ${result.usd_per_h:.2f}/h  solver={result.method}")
     for s in result.shortfalls:
         print(f"SHORTFALL {s.model}: {s.unmet_rps:.2f} req/s unmet: {s.reason}")

@@ -38,6 +38,11 @@ def register(sub: Any) -> None:
     p.add_argument("--mix-min-requests", type=int, default=MIX_MIN_REQUESTS, metavar="N",
                    help="the request mix policies see spans at least N requests, reaching back up to 900 s "
                         f"(0: the signal window only; default {MIX_MIN_REQUESTS}, as the controller)")
+    p.add_argument("--request-mix", metavar="trace|PROMPT,OUTPUT[,PROMPT_P95]",
+                   help="declare the model's expected request shape, as models.yaml's request_mix: it sizes the "
+                        "model before requests finish and picks each flavor's prefill chunk (vLLM "
+                        "max_num_batched_tokens, rayscale.core.chunk); 'trace': the trace's own mean prompt, "
+                        "mean output and p95 prompt. Default: the catalog's")
     p.add_argument("--solver", choices=["auto", "exact", "greedy"], default="greedy",
                    help="planner solver for rayscale/static-peak/oracle (default greedy, for speed)")
     p.add_argument("--prefill-contention", action=argparse.BooleanOptionalAction, default=True,
@@ -81,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
                 raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
         trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat)
         warmup = _warmup(args.warmup, trace, args.repeat)
+        if args.request_mix is not None:
+            cat = cat.with_request_mix(model, request_mix_arg(args.request_mix, trace))
         engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
@@ -111,6 +118,27 @@ def run(args: argparse.Namespace) -> int:
         plot_results(results, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
+
+
+def request_mix_arg(value: str, trace: Any) -> Any:
+    """--request-mix: 'trace' (its lengths' means and p95) or PROMPT_MEAN,OUTPUT_MEAN[,PROMPT_P95] tokens."""
+    from pydantic import ValidationError
+
+    from rayscale.core.catalog import RequestMixSpec
+
+    if value == "trace":
+        return trace.request_mix()
+    parts = value.split(",")
+    try:
+        if len(parts) not in (2, 3):
+            raise ValueError("expected 2 or 3 numbers")
+        nums = [float(x) for x in parts]
+        return RequestMixSpec(prompt_mean=nums[0], output_mean=nums[1], prompt_p95=nums[2] if len(nums) == 3 else None)
+    except (ValueError, ValidationError) as e:
+        why = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()) \
+            if isinstance(e, ValidationError) else str(e)
+        raise ValueError(f"--request-mix: expected 'trace' or PROMPT_MEAN,OUTPUT_MEAN[,PROMPT_P95] (tokens > 0), "
+                         f"got {value!r}: {why}") from None
 
 
 def _warmup(value: str, trace: Any, repeat: int) -> float:

@@ -29,6 +29,7 @@ from rayscale.controller.act import (
 )
 from rayscale.controller.serve_client import ServeClient, ServeSnapshot
 from rayscale.core.catalog import Catalog
+from rayscale.core.chunk import pin_chunks
 from rayscale.core.estimate import (
     Correction,
     Demand,
@@ -119,7 +120,9 @@ class Controller:
     def __init__(self, catalog: Catalog, actuator: Actuator, serve: ServeClient, scraper: MetricsScraper,
                  config: ControllerConfig | None = None, clock: Callable[[], float] = time.time,
                  weights_sink: Callable[[str, str, dict[str, float]], Any] | None = None):
-        self.catalog = catalog
+        # The estimator models each flavor at the prefill chunk its deployment runs: the one rayscale picks
+        # (rayscale.core.chunk), which `rayscale render` writes into the serve config, or the profile's own.
+        self.catalog = pin_chunks(catalog)
         self.actuator = actuator
         self.serve = serve
         self.scraper = scraper

@@ -10,7 +10,11 @@ runs b sequences on average (arrival rate lambda(b) = b / (O * TPOT(b)), Little'
   S the engine time of the prompts prefilled while it decodes (chunked prefill puts them into its
   iterations). S is a compound Poisson sum over the prompts that arrive during its decode, taken as an atom
   at zero plus a log-normal with the sum's conditional mean and variance. Short answers spread a stall over
-  few tokens, so they miss first.
+  few tokens, so they miss first. An iteration carries at most one chunk of prompt tokens (the profile's
+  max_num_batched_tokens, rayscale.core.chunk), so S is at most (O-1) chunks' prefill: where one chunk fits in
+  what a gap can absorb beside its decode step, prefill never breaks a TPOT. That holds while the replica runs
+  at most k* sequences; their number is Poisson around the mean load, and the miss above counts only where it
+  is exceeded.
 - TTFT is the request's own prefill plus a wait behind prompts already prefilling: an M/G/1 queue
   (Pollaczek-Khinchine mean wait, exponential tail).
 - Ray Serve's router samples two replicas and takes the less loaded (power of two choices), so a request
@@ -34,14 +38,15 @@ from typing import cast
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import ndtr
+from scipy.special import ndtr, pdtrc
 
 from rayscale.core.frozen import frozen_without_init
 from rayscale.core.signals import MIX_QUANTILES, MIX_WEIGHTS, RequestMix
 
 F64 = npt.NDArray[np.float64]
 
-# vLLM's max_num_batched_tokens for online serving: prompt tokens one engine iteration carries beside decodes.
+# vLLM's default max_num_batched_tokens for an online server on a GPU under 70 GiB (vllm/engine/arg_utils.py,
+# UsageContext.OPENAI_API_SERVER): the prefill chunk of a profile that pins none (rayscale.core.chunk).
 CHUNK_TOKENS = 2048
 ROUTER_CHOICES = 2  # Ray Serve's request router: power of two choices
 # Log-normal spread of output lengths when the mix has no quantiles (chat and code traces: 0.9-1.0).
@@ -103,9 +108,11 @@ class Rows:
     corr_ttft: F64
     corr_tpot: F64
     output_mean: F64
+    chunk: F64  # prompt tokens one iteration carries (vLLM's max_num_batched_tokens, rayscale.core.chunk)
     prompt: F64  # (rows, nodes)
     output: F64  # (rows, nodes)
     # Derived by make_rows.
+    chunk_s: F64  # engine time of a full chunk of prefill: the most one gap of a decoding request can stall
     prefill: F64  # (rows, nodes): a prompt's own prefill time, p/R + quad*p^2
     gaps: F64  # (rows, nodes): output tokens - 1, the gaps a TPOT is the mean of
     ex: F64  # mean engine time of a prompt (its prefill + per-sequence cost: what the iterations it shares pay)
@@ -117,15 +124,16 @@ class Rows:
 
 
 def make_rows(prefill_tokens_per_s: F64, overhead_s: F64, alpha: F64, beta: F64, seq_s: F64, quad_s: F64,
-              ttft_slo: F64, tpot_slo: F64, corr_ttft: F64, corr_tpot: F64, output_mean: F64, prompt: F64,
-              output: F64) -> Rows:
+              ttft_slo: F64, tpot_slo: F64, corr_ttft: F64, corr_tpot: F64, output_mean: F64, chunk: F64,
+              prompt: F64, output: F64) -> Rows:
     col = np.newaxis
     prefill = prompt / prefill_tokens_per_s[:, col] + quad_s[:, col] * prompt * prompt
     engine = seq_s[:, col] + prefill
     ex, ex2 = _mean(engine), _mean(engine * engine)
+    chunk_s = seq_s + chunk / prefill_tokens_per_s + quad_s * chunk * chunk
     return Rows(prefill_tokens_per_s, overhead_s, alpha, beta, seq_s, quad_s, ttft_slo, tpot_slo, corr_ttft,
-                corr_tpot, output_mean, prompt, output, prefill, output - 1.0, ex, ex2 / (ex * ex), ex2,
-                _mean(prompt), _mean(prompt * prompt), _mean(engine * prompt))
+                corr_tpot, output_mean, chunk, prompt, output, chunk_s, prefill, output - 1.0, ex, ex2 / (ex * ex),
+                ex2, _mean(prompt), _mean(prompt * prompt), _mean(engine * prompt))
 
 
 @dataclass(frozen=True)
@@ -165,7 +173,7 @@ def at_load(rows: Rows, batch: F64) -> Load:
     s, tpot_mean, rate = _means(rows, batch)
     # Prefill as a server: a prompt holds it for its engine time plus the decode share of its chunk
     # iterations, serve = engine + p*c; its first two moments follow from the rows' sums.
-    c = s / CHUNK_TOKENS
+    c = s / rows.chunk
     rho = rate * (rows.ex + c * rows.p1)
     stable = rho < 1.0
     rho = np.minimum(rho, 1.0 - 1e-9)
@@ -188,7 +196,14 @@ def at_load(rows: Rows, batch: F64) -> Load:
         sig2 = np.maximum(np.log(some * (1.0 + rows.cv[:, col] / lam)), 1e-12)
         ln_ratio = np.log(some * (spare / (per_gap * rows.ex))[:, col])
         tail = some * ndtr(-(ln_ratio + 0.5 * sig2) / np.sqrt(sig2))
-        per_node = np.where(rows.gaps <= 0, 0.0, np.where((spare <= 0)[:, col], 1.0, tail))
+        # A gap stalls at most one chunk: a stall can break a TPOT only in a step whose own decode leaves less
+        # room than a chunk, i.e. one running more than k* sequences. The sequences decoding on a replica
+        # are Poisson with mean b (an M/G/inf occupancy), so that is P(K > k*), not a step at the mean load:
+        # the mean would make capacity fall off a cliff at b = k*, and a p95 taken where the batch peaks
+        # would read as a slow profile and push every later estimate over it.
+        k_star = (rows.tpot_slo / rows.corr_tpot - rows.alpha - rows.chunk_s) / np.maximum(rows.beta, 1e-12)
+        over = np.where(k_star < 1.0, 1.0, pdtrc(np.floor(np.maximum(k_star, 0.0)), batch))
+        per_node = np.where(rows.gaps <= 0, 0.0, np.where((spare <= 0)[:, col], 1.0, over[:, col] * tail))
     tpot_miss = _mean(per_node)
     return Load(batch, rate, tpot_mean, np.where(stable, ttft_miss, 1.0), np.where(stable, tpot_miss, 1.0))
 

@@ -61,7 +61,8 @@ class Parallelism(_Strict):
 
 
 class RequestMixSpec(_Strict):
-    """A model's expected request shape, for sizing before any request of it has finished."""
+    """A model's expected request shape: sizes it before any request of it has finished, and picks each
+    flavor's prefill chunk (rayscale.core.chunk)."""
 
     prompt_mean: PositiveFloat = Field(description="prompt tokens per request")
     output_mean: PositiveFloat = Field(description="output tokens per request")
@@ -190,6 +191,9 @@ class Profile(_Strict):
     prefill_seq_s: NonNegFloat = 0.0  # s of engine time per prompt, included in overhead_s
     prefill_iteration_s: NonNegFloat = 0.0  # s per iteration that carries prompt tokens
     max_num_seqs: PositiveInt = 256
+    # vLLM's max_num_batched_tokens (the prefill chunk) this profile's engine runs with; None: rayscale picks
+    # it per deployment (rayscale.core.chunk). A measured profile pins the value it was measured at.
+    max_num_batched_tokens: PositiveInt | None = None
     kv_tokens: PositiveInt
     startup_s: NonNegFloat = Field(description="replica start on a ready node: image pull + model load")
     source: str
@@ -205,10 +209,13 @@ class Profile(_Strict):
         return self.itl_alpha_s + self.itl_beta_s * max(batch, 1.0)
 
     @model_validator(mode="after")
-    def _seq_within_overhead(self) -> Profile:
+    def _engine_limits(self) -> Profile:
         if self.prefill_seq_s > self.overhead_s:
             raise ValueError(f"prefill_seq_s ({self.prefill_seq_s}) is part of overhead_s ({self.overhead_s}), "
                              "so it cannot exceed it")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                             f"({self.max_num_seqs}): vLLM's token budget holds one token of every running sequence")
         return self
 
     def ttft_s(self, prompt_tokens: float, queue_wait_s: float = 0.0) -> float:
@@ -256,6 +263,13 @@ class Catalog(_Strict):
         if it.spot_usd_per_h is not None:
             return it.spot_usd_per_h
         return it.on_demand_usd_per_h * (1.0 - self.spot_default_discount)
+
+    def with_request_mix(self, model: str, mix: RequestMixSpec) -> Catalog:
+        """The catalog with ``model``'s declared request mix replaced (as if written in models.yaml)."""
+        if model not in self.models:
+            raise CatalogError(f"unknown model {model!r}; allowed: {sorted(self.models)}")
+        spec = self.models[model].model_copy(update={"request_mix": mix})
+        return self.model_copy(update={"models": {**self.models, model: spec}})
 
     def subset(self, models: list[str] | None = None, flavors: list[str] | None = None) -> Catalog:
         """A catalog restricted to some models and/or flavors (unknown names are an error)."""

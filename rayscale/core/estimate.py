@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rayscale.core.attainment import (
+    CHUNK_TOKENS,
     LOAD_FLOOR,
     Rows,
     at_load,
@@ -129,8 +130,10 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
     lengths, by_mix = _shared(mixes, lambda m: (*mix_quantiles(m), max(m.output_mean, 1.0)))
     targets, by_slo = _shared(slos, lambda s: (s.ttft_p95_s, s.tpot_p95_s))
     # Straight from the models' field dicts: attribute access on 14,000 pydantic profiles is most of the time.
-    r, over, alpha, beta, seq, quad = np.array(list(map(_PROFILE_COLUMNS, map(vars, profiles))),
-                                               dtype=float).reshape(-1, 6).T
+    fields = list(map(vars, profiles))
+    r, over, alpha, beta, seq, quad = np.array(list(map(_PROFILE_COLUMNS, fields)), dtype=float).reshape(-1, 6).T
+    # The chunk the replicas run: pinned by rayscale.core.chunk.pin_chunks, else vLLM's default.
+    chunk = np.array([f["max_num_batched_tokens"] or CHUNK_TOKENS for f in fields], dtype=float)
     ttft, tpot = np.array(targets, dtype=float).reshape(-1, 2)[by_slo].T
     factors, by_corr = _shared(corrs, lambda c: (1.0, 1.0) if uncorrected else (c.ttft, c.tpot))
     c_ttft, c_tpot = np.array(factors, dtype=float).reshape(-1, 2)[by_corr].T
@@ -138,7 +141,7 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
     prompt = np.array([q[0] for q in lengths], dtype=float).reshape(-1, nodes)[by_mix]
     output = np.array([q[1] for q in lengths], dtype=float).reshape(-1, nodes)[by_mix]
     o = np.array([q[2] for q in lengths], dtype=float)[by_mix]
-    return make_rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o, prompt, output)
+    return make_rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o, chunk, prompt, output)
 
 
 def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],

@@ -562,6 +562,7 @@ def calibrated_profile(
         itl_alpha_s=round(cal.itl_alpha_s, 6),
         itl_beta_s=round(cal.itl_beta_s, 7),
         max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,  # measured with this chunk: pinned to it
         kv_tokens=limits.kv_tokens,
         startup_s=startup_s,
         source=source,

@@ -9,7 +9,8 @@ reservation (prompt + output tokens) fits in kv_tokens.
 With ``prefill_contention`` (the default; ``EngineConfig(prefill_contention=False)`` restores the emulated
 engine's independent prefill) prefill is not free: a replica's prefill tokens are processed at
 ``prefill_tokens_per_s`` shared by its requests, and while decodes run, each engine iteration carries at
-most ``max_num_batched_tokens`` of prefill (vLLM's chunked prefill), so long prompts slow everyone's
+most one chunk of prefill (vLLM's chunked prefill; the replica's ``max_num_batched_tokens``: its profile's,
+which the simulator pins to what each policy deploys, else EngineConfig's), so long prompts slow everyone's
 decode. That is the same physics the estimator's TPOT(b) = alpha + beta*b + b*P/(R*O) averages over (the
 estimator has the mean; a request with a short output that shares its few iterations with a long
 prompt's chunks sees a TPOT far above it, which is what per-request SLO attainment counts). Without it,
@@ -42,6 +43,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from rayscale.core.attainment import CHUNK_TOKENS
 from rayscale.core.catalog import Profile
 
 F64 = npt.NDArray[np.float64]
@@ -83,7 +85,9 @@ ENGINE_MODELS = ("fluid", "iteration")
 class EngineConfig:
     tick_s: float = 0.25
     prefill_contention: bool = True  # chunked prefill shares the replica with decode (module docstring)
-    max_num_batched_tokens: int = 2048  # prefill tokens per engine iteration while decodes run
+    # Prefill tokens per engine iteration while decodes run, for a replica whose profile pins none (vLLM's
+    # default; the simulator pins each policy's own, rayscale.core.chunk.pin_chunks).
+    max_num_batched_tokens: int = CHUNK_TOKENS
     # "fluid": this module, a compiled pass per tick (fast); "iteration": vLLM's scheduler one engine iteration at a
     # time (rayscale.sim.iteration; slower, and what bench/fidelity.py checks against the real engine).
     model: str = "fluid"
@@ -101,9 +105,31 @@ class EngineConfig:
 
 
 @numba.njit(cache=True, nogil=True)
-def _tick(T: float, dt: float, m: int, nr: int, contention: bool, chunk: float, plain: bool,
+def _progress(x: float, tp: float, tq: float, vq: float, v: float) -> float:
+    """Decode steps a replica makes in the first x seconds of a tick: none for tp, vq per second for tq, then v."""
+    return min(max(x - tp, 0.0), tq) * vq + max(x - tp - tq, 0.0) * v
+
+
+@numba.njit(cache=True, nogil=True)
+def _reach(steps: float, tp: float, tq: float, vq: float, v: float) -> float:
+    """Seconds into the tick at which the replica has made ``steps`` decode steps (_progress inverted)."""
+    if steps <= tq * vq:
+        return tp + steps / vq if vq > 0 else tp
+    return tp + tq + (steps - tq * vq) / v
+
+
+@numba.njit(cache=True, nogil=True)
+def _prefilled_at(tokens: float, head: float, R: float, rho: float) -> float:
+    """Seconds into the tick at which a replica has prefilled ``tokens``: ``head`` at the full rate R, then rho."""
+    if tokens <= head:
+        return tokens / R
+    return head / R + (tokens - head) / rho
+
+
+@numba.njit(cache=True, nogil=True)
+def _tick(T: float, dt: float, m: int, nr: int, contention: bool, plain: bool,
           p_req: I64, p_rep: I64, p_rem: F64, p_tadm: F64, p_tfirst: F64, p_vend: F64,
-          r_run: I64, r_kv: I64, r_alpha: F64, r_beta: F64, r_R: F64, r_over: F64, r_q: F64, r_seq: F64,
+          r_run: I64, r_kv: I64, r_alpha: F64, r_beta: F64, r_R: F64, r_over: F64, r_q: F64, r_seq: F64, r_chunk: F64,
           r_V: F64, r_flavor: npt.NDArray[np.int16],
           prompt: I64, output: I64, arr: F64, queue_s: npt.NDArray[np.float32], pf_started: npt.NDArray[np.bool_],
           status: npt.NDArray[np.int8], ttft: npt.NDArray[np.float32], tpot: npt.NDArray[np.float32],
@@ -116,57 +142,73 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, chunk: float, 
     T1 = T + dt
     s = np.empty(nr)
     vrate = np.empty(nr)
-    tp = np.zeros(nr)
-    for r in range(nr):
-        s[r] = r_alpha[r] + r_beta[r] * max(r_run[r], 1)  # decode iteration time at this batch
-        vrate[r] = 1.0 / s[r]
+    tp = np.zeros(nr)  # time at the tick's start with no decode (prefill alone: nothing else is running)
+    tq = np.zeros(nr)  # then time decoding at vq (iterations that each carry a full chunk of prefill)
+    vq = np.zeros(nr)
+    prefilling = np.zeros(nr, dtype=np.int64)
+    backlog = np.zeros(nr)
+    first = np.full(nr, -1.0)  # prefill tokens left of each replica's first prompt (FIFO head)
+    any_pf = False
     if contention:
-        backlog = np.zeros(nr)
-        prefilling = np.zeros(nr, dtype=np.int64)
-        any_pf = False
         for j in range(m):
             if np.isnan(p_tfirst[j]):
                 r = p_rep[j]
+                if first[r] < 0:
+                    first[r] = p_rem[j]
                 backlog[r] += p_rem[j]
                 prefilling[r] += 1
                 any_pf = True
-        if any_pf:
-            rho = np.empty(nr)
-            processed = np.empty(nr)
-            for r in range(nr):
-                chunk_rate = chunk / (s[r] + chunk / r_R[r])  # prefill tokens/s, every iteration a full chunk
-                sat = r_run[r] - prefilling[r] > 0 and backlog[r] > chunk_rate * dt
-                rho[r] = chunk_rate if sat else r_R[r]
-                processed[r] = min(backlog[r], rho[r] * dt)
-                if sat:
-                    vrate[r] = chunk_rate / chunk
-                else:
-                    tp[r] = processed[r] / r_R[r]  # prefill first, then decode, inside the tick
-            # FIFO per replica: the pool is in admission order.
-            cum_r = np.zeros(nr)
-            for j in range(m):
-                if not np.isnan(p_tfirst[j]):
-                    continue
-                r = p_rep[j]
-                q = p_req[j]
-                x = p_rem[j]
-                ahead = cum_r[r]  # prompt tokens before this one in its replica's FIFO
-                cum = ahead + x
-                cum_r[r] = cum
-                if ahead <= processed[r] + 1e-6 and not pf_started[q]:
-                    queue_s[q] = max(T + ahead / rho[r], p_tadm[j]) - arr[q]
-                    pf_started[q] = True
-                if cum <= processed[r] + 1e-6:
-                    p = float(prompt[q])
-                    if not plain:
-                        p += r_R[r] * (r_seq[r] + r_q[r] * p * p)
-                    p_tfirst[j] = max(T + cum / rho[r], p_tadm[j] + p / r_R[r]) + r_over[r]
-                    p_rem[j] = 0.0
-                else:
-                    p_rem[j] = min(x, cum - processed[r])
+    for r in range(nr):
+        # A decode iteration at this batch: the sequences decoding, not the prompts waiting to prefill (vLLM's
+        # waiting queue; their cost is the chunk's).
+        s[r] = r_alpha[r] + r_beta[r] * max(r_run[r] - prefilling[r], 1)
+        vrate[r] = 1.0 / s[r]
+    if contention and any_pf:
+        head = np.zeros(nr)  # prompt tokens prefilled at the full rate, before anything decodes
+        rho = np.empty(nr)  # then the chunk rate: prompt tokens/s with decodes beside them
+        processed = np.empty(nr)
+        for r in range(nr):
+            if first[r] < 0:
+                continue
+            chunk = r_chunk[r]
+            chunk_rate = chunk / (s[r] + chunk / r_R[r])
+            rho[r] = chunk_rate
+            vq[r] = chunk_rate / chunk
+            if r_run[r] - prefilling[r] <= 0:
+                # Nothing decodes: iterations are all prefill, at the full rate, up to the end of the one
+                # that completes the head prompt (with whatever else fits its chunk). Then that prompt
+                # decodes, and every later iteration carries it beside a chunk.
+                head[r] = min(backlog[r], math.ceil(first[r] / chunk) * chunk, r_R[r] * dt)
+                tp[r] = head[r] / r_R[r]
+            # Every iteration beside a decode carries a chunk (the last one part of one): prompts prefill
+            # at the chunk rate and each decode step waits at most one chunk.
+            processed[r] = head[r] + min(backlog[r] - head[r], chunk_rate * (dt - tp[r]))
+            tq[r] = (processed[r] - head[r]) / chunk_rate
+        # FIFO per replica: the pool is in admission order.
+        cum_r = np.zeros(nr)
+        for j in range(m):
+            if not np.isnan(p_tfirst[j]):
+                continue
+            r = p_rep[j]
+            q = p_req[j]
+            x = p_rem[j]
+            ahead = cum_r[r]  # prompt tokens before this one in its replica's FIFO
+            cum = ahead + x
+            cum_r[r] = cum
+            if ahead <= processed[r] + 1e-6 and not pf_started[q]:
+                queue_s[q] = max(T + _prefilled_at(ahead, head[r], r_R[r], rho[r]), p_tadm[j]) - arr[q]
+                pf_started[q] = True
+            if cum <= processed[r] + 1e-6:
+                p = float(prompt[q])
+                if not plain:
+                    p += r_R[r] * (r_seq[r] + r_q[r] * p * p)
+                p_tfirst[j] = max(T + _prefilled_at(cum, head[r], r_R[r], rho[r]), p_tadm[j] + p / r_R[r]) + r_over[r]
+                p_rem[j] = 0.0
+            else:
+                p_rem[j] = min(x, cum - processed[r])
     V1 = np.empty(nr)
     for r in range(nr):
-        V1[r] = r_V[r] + max(dt - tp[r], 0.0) * vrate[r]
+        V1[r] = r_V[r] + _progress(dt, tp[r], tq[r], vq[r], vrate[r])
     k = 0
     for j in range(m):
         tf1 = p_tfirst[j]
@@ -174,11 +216,11 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, chunk: float, 
             continue
         r = p_rep[j]
         if np.isinf(p_vend[j]):  # its first token falls in this tick: it starts on its replica's token clock
-            v0 = r_V[r] + max(tf1 - T - tp[r], 0.0) * vrate[r]
+            v0 = r_V[r] + _progress(tf1 - T, tp[r], tq[r], vq[r], vrate[r])
             p_vend[j] = v0 + (output[p_req[j]] - 1)
         if p_vend[j] <= V1[r] + 1e-9:
             q = p_req[j]
-            tf = max(T + tp[r] + (p_vend[j] - r_V[r]) / vrate[r], tf1)
+            tf = max(T + _reach(p_vend[j] - r_V[r], tp[r], tq[r], vq[r], vrate[r]), tf1)
             o = output[q]
             status[q] = DONE
             ttft[q] = tf1 - arr[q]
@@ -285,6 +327,7 @@ class Engine:
         self.r_over = np.zeros(cap)
         self.r_q = np.zeros(cap)
         self.r_seq = np.zeros(cap)
+        self.r_chunk = np.ones(cap)  # prefill tokens per iteration (vLLM's max_num_batched_tokens)
         self._plain_prefill = True
         self.r_slots = np.zeros(cap, dtype=np.int64)
         self.r_kvcap = np.zeros(cap, dtype=np.int64)
@@ -309,8 +352,8 @@ class Engine:
     def add_replica(self, profile: Profile, flavor_index: int, slot_cap: int | None = None) -> int:
         r = self.nr
         if r == len(self.r_state):
-            for name in ("r_state", "r_flavor", "r_alpha", "r_beta", "r_R", "r_over", "r_q", "r_seq", "r_slots",
-                         "r_kvcap", "r_run", "r_kv", "r_V"):
+            for name in ("r_state", "r_flavor", "r_alpha", "r_beta", "r_R", "r_over", "r_q", "r_seq", "r_chunk",
+                         "r_slots", "r_kvcap", "r_run", "r_kv", "r_V"):
                 a = getattr(self, name)
                 b = np.zeros(2 * len(a), dtype=a.dtype)
                 b[: len(a)] = a
@@ -327,6 +370,7 @@ class Engine:
         self.r_over[r] = profile.overhead_s - profile.prefill_seq_s
         self.r_q[r] = profile.prefill_quadratic_s
         self.r_seq[r] = profile.prefill_seq_s
+        self.r_chunk[r] = profile.max_num_batched_tokens or self.cfg.max_num_batched_tokens
         self._plain_prefill = self._plain_prefill and not (profile.prefill_quadratic_s or profile.prefill_seq_s)
         self.r_slots[r] = min(profile.max_num_seqs, slot_cap) if slot_cap else profile.max_num_seqs
         self.r_kvcap[r] = profile.kv_tokens
@@ -472,10 +516,10 @@ class Engine:
         if self.live_m == 0:
             return TickResult(np.zeros(0, dtype=np.int64), np.zeros(0), self.failed - failed0)
         done_req, done_t = np.empty(m, dtype=np.int64), np.empty(m)
-        k = _tick(T, dt, m, self.nr, self.cfg.prefill_contention, float(self.cfg.max_num_batched_tokens),
+        k = _tick(T, dt, m, self.nr, self.cfg.prefill_contention,
                   self._plain_prefill, self.p_req, self.p_rep, self.p_rem, self.p_tadm, self.p_tfirst, self.p_vend,
                   self.r_run, self.r_kv, self.r_alpha, self.r_beta, self.r_R, self.r_over, self.r_q, self.r_seq,
-                  self.r_V, self.r_flavor, self.P, self.O, self.arr, self.queue_s, self._pf_started, self.status,
+                  self.r_chunk, self.r_V, self.r_flavor, self.P, self.O, self.arr, self.queue_s, self._pf_started, self.status,
                   self.ttft, self.tpot, self.t_fin, self.flavor_of, done_req, done_t)
         if k:  # the kernel left tombstones; compact once they dominate (as _bury does)
             self.dead += k

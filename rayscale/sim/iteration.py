@@ -4,7 +4,7 @@
 engine's (rayscale.sim.engine); what happens inside a replica follows vLLM V1's scheduler
 (vllm/v1/core/sched/scheduler.py) with chunked prefill:
 
-- an iteration has a token budget ``max_num_batched_tokens``; each decoding sequence takes one token of
+- an iteration has a token budget, the replica's ``max_num_batched_tokens`` (as the fluid engine's); each decoding sequence takes one token of
   it, the rest goes to prompts in FIFO order: the partially prefilled one first, then waiting ones, as
   many as fit, the last one chunked;
 - a request that reaches the replica while an iteration runs joins the next one;
@@ -180,7 +180,7 @@ class IterationEngine(Engine):
         """Replica r's iterations that start before ``until`` (<= T1; the last may end after it); its finished
         requests are appended to done / t_done. True when it has more to run in this tick."""
         alpha, beta, b0, seq, inv_r, quad, front, pi = self._cost[r]
-        C = self.cfg.max_num_batched_tokens
+        C = int(self.r_chunk[r])
         pf, fin = self._pf[r], self._fin[r]
         arr, out, first = self._arr_list, self._out, self._first
         ttft, tpot, queue_s = self.ttft, self.tpot, self.queue_s

@@ -65,6 +65,8 @@ class Policy:
     name = "policy"
     actuator = ActuatorConfig()
     slot_cap: int | None = None  # per-replica admission cap (Ray Serve max_ongoing_requests)
+    # Replicas run the prefill chunk rayscale renders from the SLO (rayscale.core.chunk); False: vLLM's default.
+    tuned_chunk = True
 
     def flavors(self, catalog: Catalog, model: str) -> list[str]:
         return sorted(catalog.models[model].parallelism)
@@ -341,6 +343,7 @@ class StockPolicy(Policy):
     def __init__(self, cfg: StockConfig = StockConfig()) -> None:
         self.cfg = cfg
         self.slot_cap = cfg.max_ongoing_requests
+        self.tuned_chunk = False  # Ray Serve LLM passes vLLM's engine defaults unless the user tunes them
         self.actuator = ActuatorConfig(
             provision_delay_s=cfg.autoscaler_delay_s, karpenter_batch=True,
             node_linger_s=cfg.idle_timeout_s + cfg.consolidate_after_s, reuse_idle_nodes=True,

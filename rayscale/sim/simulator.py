@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rayscale.core.catalog import Catalog
+from rayscale.core.chunk import pin_chunks
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
@@ -116,6 +117,9 @@ class Simulation:
         # at min_replicas as replicas that never start here, they counted against NodePool limits this
         # model shares and took 40% of the estimator's time (18 offerings of 4 models, not this one's 7).
         catalog = catalog.subset([cfg.model])
+        # Each replica runs the prefill chunk its policy deploys: rayscale renders one per flavor from the
+        # TPOT target, the stock stack runs vLLM's default (rayscale.core.chunk).
+        catalog = pin_chunks(catalog, tuned=policy.tuned_chunk, default=cfg.engine.max_num_batched_tokens)
         self.catalog, self.trace, self.policy, self.cfg = catalog, trace, policy, cfg
         self.model = cfg.model
         self.spec = catalog.models[cfg.model]

@@ -29,6 +29,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from rayscale.core.catalog import RequestMixSpec
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 TraceFormat = Literal["azure-csv", "mooncake-jsonl"]
@@ -156,6 +158,15 @@ class Trace:
             output_tokens_p50=float(oq[0]),
             output_tokens_p95=float(oq[1]),
         )
+
+    def request_mix(self) -> RequestMixSpec:
+        """The trace's request shape as a model declares it (models.yaml request_mix): mean prompt, mean
+        output (at least one token, as served) and p95 prompt."""
+        if len(self) == 0:
+            raise ValueError(f"trace {self.name!r} has no requests")
+        return RequestMixSpec(prompt_mean=max(float(self.prompt_tokens.mean()), 1.0),
+                              output_mean=float(np.maximum(self.output_tokens, 1).mean()),
+                              prompt_p95=max(float(np.percentile(self.prompt_tokens, 95)), 1.0))
 
     def _with(self, arrival_s: FloatArray, prompt: IntArray, output: IntArray, suffix: str) -> Trace:
         return Trace.from_arrays(arrival_s, prompt, output, f"{self.name}|{suffix}")

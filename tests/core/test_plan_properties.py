@@ -121,7 +121,9 @@ def test_limits_and_bounds_never_exceeded_exact_and_greedy(p: Problem) -> None:
 @given(problems(max_models=3, max_flavors=4))
 def test_greedy_is_never_cheaper_than_exact_when_both_cover(p: Problem) -> None:
     ex, gr = solve_exact(p), solve_greedy(p)
-    if not ex.unmet_rps and not gr.unmet_rps:
+    # Both complete: demand covered and min_replicas met. The heuristic places minimums after demand, so
+    # under a binding device limit it can fall short of one (a cheaper, incomplete answer: no contradiction).
+    if not ex.unmet_rps and not gr.unmet_rps and _feasible(p, gr.counts):
         assert gr.usd_per_h >= ex.usd_per_h - 1e-6
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -66,10 +68,19 @@ def test_kv_capacity_makes_requests_wait():
 def test_prefill_is_shared_with_contention():
     n = 20  # all arrive together, nothing decodes yet: prompts prefill one after another at the full rate
     e = run([0.0] * n, [100] * n, [100] * n)
+    ttft = np.sort(e.ttft)
     expected = PROF.overhead_s + np.arange(1, n + 1) * 100 / PROF.prefill_tokens_per_s
-    assert np.allclose(np.sort(e.ttft), expected, rtol=1e-4)
-    # Total prefill work is the same as without contention; only who waits for it differs.
-    assert np.sort(e.ttft)[-1] == pytest.approx(PROF.ttft_s(100 * n), rel=1e-4)
+    tick = EngineConfig().tick_s
+    first = expected - PROF.overhead_s <= tick  # done in the first tick, before anything decodes
+    assert 0 < first.sum() < n
+    assert np.allclose(ttft[first], expected[first], rtol=1e-4)
+    # Then the first ones decode, and every iteration carries them beside a chunk of the rest: those prompts
+    # wait for the prefill work ahead of them plus one decode step per chunk of it, no more.
+    assert np.all(np.diff(ttft) > 0)
+    later = ~first
+    steps = (expected[later] - PROF.overhead_s - tick) * PROF.prefill_tokens_per_s / 2048 * PROF.itl_s(n)
+    assert np.all(ttft[later] > expected[later] + 1e-6)
+    assert np.all(ttft[later] <= expected[later] + steps + 1e-6)
 
 
 def test_long_prompt_chunks_slow_running_decodes():
@@ -182,8 +193,34 @@ def test_queue_lasts_until_a_prompts_prefill_starts_as_vllm_counts_it():
     own = 4000 / PROF.prefill_tokens_per_s
     assert e.queue_s[0] == pytest.approx(0.0, abs=1e-6)
     assert e.queue_s[1] == pytest.approx(own, rel=0.05)  # behind the first prompt's tokens
-    for i in (0, 1):
-        assert e.ttft[i] - e.queue_s[i] == pytest.approx(PROF.ttft_s(4000), rel=0.05)
+    assert e.ttft[0] - e.queue_s[0] == pytest.approx(PROF.ttft_s(4000), rel=1e-4)
+    # The second prefills while the first decodes: its chunks share iterations with that decode, each one
+    # a decode step longer than the chunk alone.
+    own_shared = e.ttft[1] - e.queue_s[1]
+    assert PROF.ttft_s(4000) < own_shared <= PROF.ttft_s(4000) + math.ceil(4000 / 2048) * PROF.itl_s(2) + 1e-6
     # Independent prefill: both start at once, nothing queues.
     free = run([0.0, 0.0], [4000, 4000], [50, 50], cfg=INDEPENDENT)
     assert np.allclose(free.queue_s, 0.0)
+
+
+@pytest.mark.parametrize("chunk", [512, 2048])
+def test_a_decode_step_waits_at_most_one_chunk_of_its_replica(chunk: int) -> None:
+    """A short answer decoding while a long prompt prefills: every step carries a chunk of it beside the
+    decode, so the answer's TPOT is bounded by one decode step plus that replica's chunk, and the prompt's
+    prefill takes a decode step more per chunk."""
+    prof = CAT.profile("mistral-7b", "l40s").model_copy(update={"max_num_batched_tokens": chunk})
+    e = run([0.0, 0.5], [100, 8000], [200, 2], profile=prof)  # the answer outlasts the prompt's prefill
+    bound = prof.itl_s(1) + chunk / prof.prefill_tokens_per_s  # one sequence decodes; the prompt waits
+    assert prof.itl_s(1) < e.tpot[0] <= bound + 1e-6
+    alone = run([0.5], [8000], [2], profile=prof)
+    extra = float(e.ttft[1] - alone.ttft[0])  # the decode steps its chunks shared
+    assert extra == pytest.approx(8000 / chunk * prof.itl_s(1), rel=1e-3)
+
+
+def test_a_short_answer_arriving_with_a_long_prompt_is_not_stalled_for_all_of_it() -> None:
+    """Both reach an idle replica together: the short prompt is done in the first iteration, and from then on
+    every iteration carries its decode beside one chunk of the long prompt, not the tick's whole prefill."""
+    prof = CAT.profile("mistral-7b", "l40s").model_copy(update={"max_num_batched_tokens": 512})
+    e = run([0.0, 0.0], [100, 8000], [3, 2], profile=prof)
+    assert e.ttft[0] == pytest.approx(prof.ttft_s(100), rel=1e-4)
+    assert e.tpot[0] <= prof.itl_s(1) + 512 / prof.prefill_tokens_per_s + 1e-6

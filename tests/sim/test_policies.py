@@ -193,3 +193,39 @@ def test_the_mix_reaches_back_to_enough_requests_and_no_further():
 
     Simulation(CAT, TRACE.window(0, 900), Probe(), SimConfig(seed=1, mix_min_requests=k, mix_max_s=600)).run()
     assert seen and seen[0][0] != seen[0][1]
+
+
+def test_each_policy_runs_the_prefill_chunk_it_would_deploy(capsys: pytest.CaptureFixture[str]) -> None:
+    """rayscale's replicas run the chunk it picks for the declared mix; the stock stack's vLLM's default."""
+    from rayscale.core.catalog import RequestMixSpec
+    from rayscale.core.chunk import choose_chunks
+    from rayscale.sim.policies import make_policy
+
+    code = CAT.with_request_mix("mistral-7b", RequestMixSpec(prompt_mean=2048, output_mean=28, prompt_p95=7305))
+    chosen = choose_chunks(code.subset(["mistral-7b"]))
+    assert chosen[("mistral-7b", "l40s")] < 2048
+    tr = load_spec("gen:poisson:rate=6,hours=0.05", seed=0)
+    for name in ("rayscale", "stock"):
+        sim = Simulation(code, tr, make_policy(name), SimConfig())
+        sim.run()
+        eng = sim.engine
+        assert eng.nr > 0
+        for r in range(eng.nr):
+            flavor = sim.flavors[int(eng.r_flavor[r])]
+            want = chosen[("mistral-7b", flavor)] if name == "rayscale" else 2048
+            assert eng.r_chunk[r] == want, (name, flavor)
+    # The CLI declares the mix: 'trace' or numbers; a bad value names the flag and changes nothing.
+    spec = "gen:poisson:rate=1,hours=0.01"
+    assert simulate_cmd_main(["simulate", "--trace", spec, "--request-mix", "100,x"]) == 2
+    assert "--request-mix: expected 'trace' or PROMPT_MEAN,OUTPUT_MEAN[,PROMPT_P95]" in capsys.readouterr().err
+    assert simulate_cmd_main(["simulate", "--trace", spec, "--request-mix", "100,-2"]) == 2
+    assert "output_mean: Input should be greater than 0" in capsys.readouterr().err
+    assert simulate_cmd_main(["simulate", "--trace", spec, "--request-mix", "trace", "--policy", "rayscale",
+                              "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["policy"] == "rayscale"
+
+
+def simulate_cmd_main(argv: list[str]) -> int:
+    from rayscale.cli import main
+
+    return main(argv)
