@@ -88,6 +88,19 @@ def test_the_rendered_serve_config_passes_the_chunk_to_vllm() -> None:
     seen = {f["flavor"]: f["engine_kwargs"]["max_num_batched_tokens"] for f in models["mistral-7b"]["flavors"]}
     assert seen and all(seen[f] == chosen[("mistral-7b", f)] for f in seen)
     assert seen["l40s"] < CHUNK_TOKENS
+    # Through the app's own parsing to the Ray Serve LLM config, and accepted by vLLM's engine arguments.
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from rayscale.engines.vllm_engine import build_llm_config
+    from rayscale.serve.config import parse_app_args
+
+    app = parse_app_args(cfg["applications"][0]["args"], "<rendered>")
+    (model,) = [m for m in app.models if m.name == "mistral-7b"]
+    (l40s,) = [f for f in model.flavors if f.flavor == "l40s"]
+    kwargs = build_llm_config(model, l40s).engine_kwargs
+    assert kwargs["max_num_batched_tokens"] == chosen[("mistral-7b", "l40s")]
+    assert AsyncEngineArgs(model=model.source, max_num_batched_tokens=kwargs["max_num_batched_tokens"]) \
+        .max_num_batched_tokens == chosen[("mistral-7b", "l40s")]
 
 
 def test_the_controller_models_the_chunk_its_deployments_run() -> None:
