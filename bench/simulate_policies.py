@@ -96,8 +96,8 @@ How to read these numbers:
   decodes for all of it, which no vLLM iteration does). The chunk (vLLM's `max_num_batched_tokens`) is
   what each policy deploys: the stock stack vLLM's default 2,048; rayscale, static-peak and the oracle the
   chunk rayscale picks per flavor for the model's declared request mix (`rayscale.core.chunk`; here each
-  trace declares its own, `--request-mix trace`: Azure x3 gets L40S 1,024 and A100 768, the other traces
-  2,048 everywhere; `bench/results/chunk_choice.md`).
+  trace declares its own, `--request-mix trace`: Azure x3 gets L40S 768, A100 512 and H100 1,792, the
+  others 2,048 on every flavor they use; `bench/results/chunk_choice.md`).
 - Oracle: perfect foresight (true rate of the next minute), instant nodes, fluid packing. Its cost is
   sized from *measured* capacity, not the estimator's model: for each flavor, the largest arrival rate
   per replica at which a pool of the same Engine (about 2,048 concurrent sequences), fed Poisson arrivals

@@ -6,9 +6,13 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
+
+if TYPE_CHECKING:
+    from rayscale.core.catalog import RequestMixSpec
+    from rayscale.sim.trace import Trace
 
 POLICY_CHOICES = ("rayscale", "stock", "static-peak", "oracle", "all")
 
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def request_mix_arg(value: str, trace: Any) -> Any:
+def request_mix_arg(value: str, trace: Trace) -> RequestMixSpec:
     """--request-mix: 'trace' (its lengths' means and p95) or PROMPT_MEAN,OUTPUT_MEAN[,PROMPT_P95] tokens."""
     from pydantic import ValidationError
 

@@ -65,7 +65,7 @@ class Policy:
     name = "policy"
     actuator = ActuatorConfig()
     slot_cap: int | None = None  # per-replica admission cap (Ray Serve max_ongoing_requests)
-    # Replicas run the prefill chunk rayscale renders from the SLO (rayscale.core.chunk); False: vLLM's default.
+    # Replicas run the prefill chunk rayscale picks for the declared mix (rayscale.core.chunk); False: vLLM's default.
     tuned_chunk = True
 
     def flavors(self, catalog: Catalog, model: str) -> list[str]:

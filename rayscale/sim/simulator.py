@@ -117,8 +117,8 @@ class Simulation:
         # at min_replicas as replicas that never start here, they counted against NodePool limits this
         # model shares and took 40% of the estimator's time (18 offerings of 4 models, not this one's 7).
         catalog = catalog.subset([cfg.model])
-        # Each replica runs the prefill chunk its policy deploys: rayscale renders one per flavor from the
-        # TPOT target, the stock stack runs vLLM's default (rayscale.core.chunk).
+        # Each replica runs the prefill chunk its policy deploys: rayscale picks one per flavor for the declared
+        # request mix, the stock stack runs vLLM's default (rayscale.core.chunk).
         catalog = pin_chunks(catalog, tuned=policy.tuned_chunk, default=cfg.engine.max_num_batched_tokens)
         self.catalog, self.trace, self.policy, self.cfg = catalog, trace, policy, cfg
         self.model = cfg.model
