@@ -78,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
                        rows))
     print(f"\ntotal ${result.usd_per_h:.2f}/h  solver={result.method}")
     for s in result.shortfalls:
-        print(f"SHORTFALL {s.model}: {s.unmet_rps:.2f} req/s unmet: {s.reason}")
+        what = [f"{s.unmet_rps:.2f} req/s unmet"] if s.unmet_rps > 0 else []
+        what += [f"{s.missing_replicas} replica(s) below min_replicas"] if s.missing_replicas else []
+        print(f"SHORTFALL {s.model}: {', '.join(what)}: {s.reason}")
     for n in result.notes:
         print(f"note: {n}")
     return 0

@@ -113,7 +113,12 @@ def record_line(r: DecisionRecord) -> str:
     replicas = " ".join(f"{k}={n}" for k, n in sorted(r.serve.items())) or "-"
     acts = [a["type"] + ":" + str(a.get("name") or a.get("replicas")) for a in r.actions]
     errs = f" errors={r.errors}" if r.errors else ""
-    return f"[{r.t:.0f}] plan ${r.plan.get('usd_per_h', 0):.2f}/h gangs {gangs} replicas {replicas} actions={acts}{errs}"
+    short = [f"{s['model']}" + (f" {s['unmet_rps']:.2f}req/s" if s["unmet_rps"] > 0 else "")
+             + (f" {s['missing_replicas']}<min" if s.get("missing_replicas") else "")
+             for s in r.plan.get("shortfalls", [])]
+    shorts = f" SHORTFALL {'; '.join(short)}" if short else ""
+    return (f"[{r.t:.0f}] plan ${r.plan.get('usd_per_h', 0):.2f}/h gangs {gangs} replicas {replicas} "
+            f"actions={acts}{errs}{shorts}")
 
 
 class Controller:

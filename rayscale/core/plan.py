@@ -111,6 +111,7 @@ class Shortfall:
     model: str
     unmet_rps: float
     reason: str
+    missing_replicas: int = 0  # below min_replicas (limits forbid the floor)
 
 
 @dataclass(frozen=True)
@@ -327,10 +328,20 @@ def plan(
                 offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
     # What rounding up ordered is not demand: only unmet demand is a shortfall.
     unmet = {m: u - rounded.get(m, 0.0) for m, u in sol.unmet_rps.items()}
+    unmet = {m: u for m, u in unmet.items()
+             if u > RPS_TOLERANCE and demands.get(m) is not None and demands[m].state == DemandState.OK}
+    if sol.missing_min:
+        for j, m in enumerate(o_model):
+            if m in sol.missing_min and m not in sol.unmet_rps:
+                offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
+    planned: dict[str, int] = {}
+    for j, n in sol.counts.items():
+        planned[o_model[j]] = planned.get(o_model[j], 0) + n
     shortfalls = tuple(
-        Shortfall(m, round(u, 4), _shortfall_reason(catalog, m, problem, offs_of.get(m, [])))
-        for m, u in sorted(unmet.items(), key=lambda kv: (-catalog.models[kv[0]].priority, kv[0]))
-        if u > RPS_TOLERANCE and demands.get(m) is not None and demands[m].state == DemandState.OK
+        Shortfall(m, round(unmet.get(m, 0.0), 4),
+                  _shortfall_reason(catalog, m, problem, offs_of.get(m, []), planned.get(m, 0)),
+                  sol.missing_min.get(m, 0))
+        for m in sorted(set(unmet) | set(sol.missing_min), key=lambda m: (-catalog.models[m].priority, m))
     )
     entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
     targets: dict[str, dict[Key, int]] = {m: {} for m in catalog.models}
@@ -417,12 +428,13 @@ def _offer_shape(catalog: Catalog, flavor: str, par: Parallelism
     return shape, prices, shape.nodes * fl.instance(shape.instance_type).devices
 
 
-def _shortfall_reason(catalog: Catalog, model: str, p: Problem, offs: list[tuple[float, int, str]]) -> str:
+def _shortfall_reason(catalog: Catalog, model: str, p: Problem, offs: list[tuple[float, int, str]],
+                      planned: int) -> str:
     spec = catalog.models[model]
     if not offs or all(rps <= 0 for rps, _, _ in offs):
         return "no flavor can meet its SLO (or all are backed off)"
     reasons = []
-    if sum(ub for _, ub, _ in offs) >= spec.max_replicas:
+    if planned >= spec.max_replicas:
         reasons.append(f"max_replicas {spec.max_replicas}")
     lim = sorted({f for _, _, f in offs if f in p.device_limits or f in p.node_limits})
     if lim:

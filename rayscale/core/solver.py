@@ -96,6 +96,8 @@ class Solution:
     unmet_rps: dict[str, float]  # model -> demand not covered (limits or max_replicas)
     usd_per_h: float
     method: str
+    # model -> replicas short of min_replicas (only > 0): limits can forbid a floor too, and it must show
+    missing_min: dict[str, int] = field(default_factory=dict)
 
 
 def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) -> Solution:
@@ -195,7 +197,12 @@ def _finish(p: Problem, counts: dict[int, int], method: str) -> Solution:
         cap[o.model] += k * o.rps
         cost += k * o.usd_per_h
     unmet = {n.model: n.rps - cap[n.model] for n in p.needs if cap[n.model] < n.rps - RPS_TOLERANCE}
-    return Solution(counts, unmet, cost, method)
+    have: dict[str, int] = {n.model: 0 for n in p.needs}
+    for j, k in counts.items():
+        have[p.offerings[j].model] += k
+    missing = {n.model: floor - have[n.model] for n in p.needs
+               if have[n.model] < (floor := min(n.min_replicas, n.max_replicas))}
+    return Solution(counts, unmet, cost, method, missing)
 
 
 # --- heuristic ----------------------------------------------------------------------------------------------
@@ -311,11 +318,15 @@ def solve_greedy(p: Problem) -> Solution:
        (anchor, other) where the anchor is one of the ``_ANCHORS`` units with the best $/req and runs
        1..``_WINDOW`` replicas fewer than its own single cover, the other unit covering the remainder.
        Upper bounds, the spot share and max_replicas make a candidate infeasible.
-    3. Allocate models in priority order (highest first, then name) under the flavors' shared device and
-       node limits (lower bounds are reserved first): each takes its cheapest candidate that still fits;
-       when none fits, it fills greedily with what is left (best $/req first, or most rps per device
-       first, whichever leaves less unmet), and reports the rest as unmet.
-    4. min_replicas: models still below it add their cheapest feasible replica until they reach it.
+    3. Allocate priority levels in order (highest first; by name within a level) under the flavors' shared
+       device and node limits (lower bounds are reserved first): each model takes its cheapest candidate
+       that still fits; when none fits, it fills greedily with what is left (best $/req first, or most rps
+       per device first, whichever leaves less unmet), and reports the rest as unmet.
+    4. min_replicas, per level after its demand: models still below it add their cheapest feasible replica
+       until they reach it. If a limit leaves a floor unmet, the level is re-run with its floors placed
+       before its demand and the answer missing fewer floors kept (the MILP's order: a higher level's
+       demand outranks a lower level's floor; within a level a floor outranks demand). What is still
+       missing is reported (``Solution.missing_min``).
 
     Pairs capture the usual gain over a single flavor (bulk on the best $/req, remainder on a right-sized
     flavor); on the benchmark instances the cost is within a few tenths of a percent of the MILP's.
@@ -442,9 +453,16 @@ def solve_greedy(p: Problem) -> Solution:
         k, ok = split(u, n)
         return (n - k) * L["c_o"][u] + k * L["c_s"][u] if ok else math.inf
 
+    mine: dict[int, list[int]] = {}
+    for u in range(nu):
+        mine.setdefault(int(U.need[u]), []).append(u)
+
     def fill(i: int, units: list[int]) -> tuple[float, float, list[tuple[int, float]]]:
         """Greedy fill of model i's remaining demand over units in this order, within every limit."""
-        left, left_n, moves = rest[i], budget[i], []
+        base = {u: n0[u] + extra[u] for u in mine[i]}  # extra > 0 only once the model's floor is placed
+        left = rest[i] - sum(extra[u] * U.r[u] for u in mine[i])
+        left_n = budget[i] - sum(extra[u] for u in mine[i])
+        moves: list[tuple[int, float]] = []
         used_d: dict[str, float] = {}
         used_n: dict[str, float] = {}
         dcost = 0.0
@@ -458,7 +476,7 @@ def solve_greedy(p: Problem) -> Solution:
             if f in node_left:
                 lim = min(lim, max(node_left[f] - used_n.get(f, 0.0), 0.0) // max(U.nodes[u], 1.0))
             a = lim
-            while a > 0 and not feasible_n(u, n0[u] + a):
+            while a > 0 and not feasible_n(u, base[u] + a):
                 a -= 1
             if a <= 0:
                 continue
@@ -467,8 +485,16 @@ def solve_greedy(p: Problem) -> Solution:
             used_n[f] = used_n.get(f, 0.0) + a * U.nodes[u]
             left -= a * U.r[u]
             left_n -= a
-            dcost += unit_cost(u, n0[u] + a) - unit_cost(u, n0[u])
+            dcost += unit_cost(u, base[u] + a) - unit_cost(u, base[u])
         return max(left, 0.0), dcost, moves
+
+    def fill_best(i: int) -> list[tuple[int, float]]:
+        """The better of two greedy fills: best $/req first, or most rps per device first."""
+        us = [u for u in mine[i] if U.r[u] > 0]
+        by_price = sorted(us, key=lambda u: (U.c_o[u] if U.ub_o[u] > 0 else U.c_s[u]) / U.r[u])
+        by_dev = sorted(us, key=lambda u: -U.r[u] / max(U.dev[u], 1.0))
+        fills = [fill(i, by_price), fill(i, by_dev)]
+        return min(fills, key=lambda t: (round(t[0], 9), t[1]))[2]
 
     fnames = sorted(set(U.flavor))
     fpos = {f: i for i, f in enumerate(fnames)}
@@ -491,12 +517,10 @@ def solve_greedy(p: Problem) -> Solution:
         s = int(np.argmin(c))
         return s if np.isfinite(c[s]) else -1
 
-    mine: dict[int, list[int]] = {}
-    for u in range(nu):
-        mine.setdefault(int(U.need[u]), []).append(u)
-    for i in sorted(range(nm), key=lambda i: (-needs[i].priority, needs[i].model)):
+    def cover(i: int) -> None:
+        """Model i's demand: its cheapest candidate cover that fits, else a greedy fill."""
         if rest[i] <= 0 or i not in mine:
-            continue
+            return
         chosen: list[tuple[int, float]] | None = None
         s = int(best_s[i])
         if np.isfinite(cost[i, s]):
@@ -512,30 +536,62 @@ def solve_greedy(p: Problem) -> Solution:
                     if cand_uB[i, s] >= 0:
                         chosen.append((int(cand_uB[i, s]), float(cand_aB[i, s])))
         if chosen is None:
-            us = [u for u in mine[i] if U.r[u] > 0]
-            by_price = sorted(us, key=lambda u: (U.c_o[u] if U.ub_o[u] > 0 else U.c_s[u]) / U.r[u])
-            by_dev = sorted(us, key=lambda u: -U.r[u] / max(U.dev[u], 1.0))
-            fills = [fill(i, by_price), fill(i, by_dev)]
-            chosen = min(fills, key=lambda t: (round(t[0], 9), t[1]))[2]
+            chosen = fill_best(i)
         for u, a in chosen:
             if a > 0:
                 take(u, a)
-    # min_replicas: add the cheapest feasible replica, one at a time.
-    tot = cnt0 + np.bincount(U.need, weights=extra, minlength=nm) if nu else cnt0
-    for i, n in enumerate(needs):
-        have = tot[i]
-        while have < n.min_replicas and have < n.max_replicas:
-            best: tuple[float, int] | None = None
+
+    def top_up(i: int) -> int:
+        """Cheapest feasible replicas, one at a time, until model i reaches its min_replicas; how many it
+        still lacks when no flavor has room."""
+        have = cnt0[i] + sum(extra[u] for u in mine.get(i, []))
+        floor = min(needs[i].min_replicas, needs[i].max_replicas)
+        while have < floor:
+            best: tuple[tuple[float, float], int] | None = None
             for u in mine.get(i, []):
                 if room(u) < 1 or not feasible_n(u, n0[u] + extra[u] + 1):
                     continue
-                dc = unit_cost(u, n0[u] + extra[u] + 1) - unit_cost(u, n0[u] + extra[u])
+                # Equal cost: the flavor with the most room left, so a floor leaves scarce devices to others.
+                dc = (unit_cost(u, n0[u] + extra[u] + 1) - unit_cost(u, n0[u] + extra[u]), -room(u))
                 if best is None or dc < best[0]:
                     best = (dc, u)
             if best is None:
                 break
             take(best[1], 1.0)
             have += 1
+        return int(max(floor - have, 0))
+
+    def snapshot() -> tuple[np.ndarray, dict[str, float], dict[str, float]]:
+        return extra.copy(), dict(dev_left), dict(node_left)
+
+    def restore(s: tuple[np.ndarray, dict[str, float], dict[str, float]]) -> None:
+        extra[:] = s[0]
+        dev_left.clear()
+        dev_left.update(s[1])
+        node_left.clear()
+        node_left.update(s[2])
+
+    # Priority levels, highest first (the MILP's lexicographic order): demand, then min_replicas. Placing
+    # demand first keeps floors from pinning a costlier flavor; when a limit then leaves a floor unmet, the
+    # level is re-run with its floors reserved first (a floor outranks demand within a level, as in the MILP).
+    for prio in sorted({n.priority for n in needs}, reverse=True):
+        level = sorted((i for i in range(nm) if needs[i].priority == prio), key=lambda i: needs[i].model)
+        before = snapshot()
+        for i in level:
+            cover(i)
+        short = sum(top_up(i) for i in level)
+        if short:
+            first = snapshot()
+            restore(before)
+            # The most constrained models (fewest flavors with room) place their floors first.
+            short_floor_first = sum(top_up(i) for i in sorted(
+                level, key=lambda i: sum(room(u) >= 1 for u in mine.get(i, []))))
+            for i in level:
+                if i in mine:
+                    for u, a in fill_best(i):
+                        take(u, a)
+            if short_floor_first >= short:
+                restore(first)
     # Units back to offerings.
     counts: dict[int, int] = {}
     if nu:

@@ -47,3 +47,29 @@ def test_bad_load_file_names_file_and_field(tmp_path: Path) -> None:
     bad.write_text("models:\n  llama-99b: {rate_rps: 3}\n")
     r = _run("--load", str(bad))
     assert r.returncode == 2 and "llama-99b" in r.stderr and "mistral-7b" in r.stderr
+
+
+def test_a_floor_the_limits_forbid_is_printed_as_a_shortfall(tmp_path: Path) -> None:
+    import yaml
+
+    data = ROOT / "rayscale" / "data"
+    models = yaml.safe_load((data / "models.yaml").read_text())
+    flavors = yaml.safe_load((data / "flavors.yaml").read_text())
+    for m in models["models"]:
+        if m["name"] == "mistral-7b":
+            m["min_replicas"] = 3
+    for f in flavors["flavors"]:
+        if f["name"] == "l4":
+            f["limits"] = {"devices": 2}
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump(models))
+    (tmp_path / "flavors.yaml").write_text(yaml.safe_dump(flavors))
+    load = tmp_path / "load.yaml"
+    load.write_text("models:\n  mistral-7b: {rate_rps: 0.2, prompt_mean: 900, output_mean: 180}\n")
+    args = ("--models", str(tmp_path / "models.yaml"), "--flavors", str(tmp_path / "flavors.yaml"),
+            "--load", str(load), "--model", "mistral-7b", "--flavor", "l4")
+    t = _run(*args)
+    assert t.returncode == 0, t.stderr
+    assert "SHORTFALL mistral-7b: 1 replica(s) below min_replicas: degraded" in t.stdout, t.stdout
+    out = json.loads(_run(*args, "--json").stdout)
+    assert out["shortfalls"] == [{"model": "mistral-7b", "unmet_rps": 0.0, "missing_replicas": 1,
+                                  "reason": "degraded (priority 5): NodePool limits on l4"}], out["shortfalls"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -115,16 +116,48 @@ def test_limits_and_bounds_never_exceeded_exact_and_greedy(p: Problem) -> None:
             cap = sum(k * p.offerings[j].rps for j, k in sol.counts.items() if p.offerings[j].model == n.model)
             gap = n.rps - cap
             assert math.isclose(sol.unmet_rps.get(n.model, 0.0), gap if gap > RPS_TOLERANCE else 0.0, abs_tol=1e-9)
+            # ... and whatever is missing of min_replicas too.
+            have = sum(k for j, k in sol.counts.items() if p.offerings[j].model == n.model)
+            assert sol.missing_min.get(n.model, 0) == max(min(n.min_replicas, n.max_replicas) - have, 0)
 
 
 @FAST
 @given(problems(max_models=3, max_flavors=4))
 def test_greedy_is_never_cheaper_than_exact_when_both_cover(p: Problem) -> None:
     ex, gr = solve_exact(p), solve_greedy(p)
-    # Both complete: demand covered and min_replicas met. The heuristic places minimums after demand, so
-    # under a binding device limit it can fall short of one (a cheaper, incomplete answer: no contradiction).
-    if not ex.unmet_rps and not gr.unmet_rps and _feasible(p, gr.counts):
+    # Both complete: demand covered and min_replicas met (a heuristic answer missing a floor may be cheaper).
+    if not ex.unmet_rps and not gr.unmet_rps and not gr.missing_min:
+        assert _feasible(p, gr.counts)
         assert gr.usd_per_h >= ex.usd_per_h - 1e-6
+
+
+@st.composite
+def _with_floors(draw: st.DrawFn, max_models: int) -> Problem:
+    p = draw(problems(max_models=max_models, max_flavors=4))
+    needs = [ModelNeed(n.model, n.rps, draw(st.integers(0, 3)), n.max_replicas, n.priority) for n in p.needs]
+    return Problem(needs, p.offerings, p.device_limits, p.node_limits, p.spot_share)
+
+
+@FAST
+@given(_with_floors(max_models=1))
+def test_greedy_meets_a_floor_whenever_the_exact_solver_can(p: Problem) -> None:
+    # One model: demand first, and when a limit then leaves the floor short, the floor first.
+    if not solve_exact(p).missing_min:
+        assert not solve_greedy(p).missing_min
+
+
+def test_a_floor_outranks_demand_of_the_same_priority_level() -> None:
+    # 'a' would fill the only flavor b runs on; b's one replica (its floor) comes first, a's shortfall shows.
+    p = Problem([ModelNeed("a", 4.0, 0, 10, 1), ModelNeed("b", 0.0, 1, 4, 1)],
+                [Offering("a", "f0", OD, 1.0, 1.0, 1, 1), Offering("b", "f0", OD, 1.0, 1.0, 1, 1)],
+                device_limits={"f0": 4})
+    for sol in (solve_exact(p), solve_greedy(p)):
+        assert sol.counts == {0: 3, 1: 1}, sol.method
+        assert not sol.missing_min and math.isclose(sol.unmet_rps["a"], 1.0), sol.method
+    # A higher level's demand outranks a lower level's floor (both solvers), and the floor shows as missing.
+    q = Problem([replace(p.needs[0], priority=2), p.needs[1]], p.offerings, p.device_limits)
+    for sol in (solve_exact(q), solve_greedy(q)):
+        assert sol.counts == {0: 4} and sol.missing_min == {"b": 1}, sol.method
 
 
 @FAST
@@ -193,6 +226,18 @@ def test_feasible_plan_meets_every_slo_capacity_and_limits(prices: list[float], 
         # ('a' short while 'b' needs nothing is only the limit).
         if short == {"a"} and any(e.model == "b" and e.replicas > 0 for e in p.entries):
             raise AssertionError("higher-priority model 'a' degraded while 'b' was served")
+
+
+def test_a_floor_the_limits_forbid_is_a_shortfall() -> None:
+    cat = _catalog([1.0, 2.0], [0.03, 0.03], 1)
+    cat = cat.model_copy(update={"models": {**cat.models, "b": cat.models["b"].model_copy(update={"min_replicas": 3})}})
+    for solver in ("exact", "greedy"):
+        p, _ = plan(cat, estimate(cat, _signals(0.1, 0.1)), settings=PlannerSettings(solver=solver))
+        # 'a' (priority 2) takes one device; 'b' gets the other flavor's one device: one replica of three.
+        assert p.replicas("b") == 1 and p.replicas("a") == 1, solver
+        (s,) = p.shortfalls
+        assert (s.model, s.missing_replicas, s.unmet_rps) == ("b", 2, 0.0), solver
+        assert "NodePool limits on g0, g1" in s.reason
 
 
 @FAST
