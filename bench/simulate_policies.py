@@ -51,6 +51,7 @@ class Variant:
     target_utilization: float = 0.8
     headroom: float = 0.0
     downscale_delay_s: float = 120.0
+    burst_floor: bool = False
 
     def forecaster_obj(self) -> str | Forecaster:
         if self.forecaster.startswith("peak") and self.forecaster[4:].isdigit():
@@ -63,7 +64,8 @@ class Variant:
         return RayscalePolicy(
             forecaster=self.forecaster_obj(),
             planner=PlannerSettings(solver=solver, downscale_delay_s=self.downscale_delay_s),
-            est=EstimateSettings(target_utilization=self.target_utilization, headroom=self.headroom))
+            est=EstimateSettings(target_utilization=self.target_utilization, headroom=self.headroom,
+                                 burst_floor=self.burst_floor))
 
 
 DEFAULT = SimConfig()
@@ -80,8 +82,9 @@ VARIANTS = [
     Variant("headroom 0.5", headroom=0.5),
     Variant("scale-down delay 600 s", downscale_delay_s=600.0),
     Variant("scale-down delay 1800 s", downscale_delay_s=1800.0),
-    Variant("new default: peak 60 + delay 600 s", "peak60",
-            downscale_delay_s=DEFAULT.rayscale_downscale_delay_s or 120.0),
+    Variant("peak 60 + delay 600 s (default 2026-11-20..23)", "peak60", downscale_delay_s=600.0),
+    Variant("new default: peak 60 + delay 600 s + burst floor", "peak60",
+            downscale_delay_s=DEFAULT.rayscale_downscale_delay_s or 120.0, burst_floor=DEFAULT.burst_floor),
     Variant("peak 60 + delay 600 s + utilisation 0.7", "peak60", target_utilization=0.7, downscale_delay_s=600.0),
     Variant("peak 60 + delay 600 s + headroom 0.25", "peak60", headroom=0.25, downscale_delay_s=600.0),
 ]
@@ -255,7 +258,8 @@ def engine_check(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[
     rows = []
     for i, tr in enumerate(traces):
         for name in ("rayscale", "stock"):
-            pol = (make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s)
+            pol = (make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s,
+                               cfg.burst_floor)
                    if name == "rayscale" else make_policy("stock", cfg.planner))
             r = simulate(cats[i], tr, pol, it_cfg)
             f = base[i][name]
@@ -302,7 +306,8 @@ def main() -> None:
         # the workload. It sizes the first minute and picks rayscale's prefill chunks (rayscale.core.chunk).
         cats.append(cat.with_request_mix(cfg.model, tr.request_mix()))
         oracle = OraclePolicy(planner=cfg.planner)
-        pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s),
+        pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s,
+                                          cfg.burst_floor),
                               make_policy("stock", cfg.planner), make_policy("static-peak", cfg.planner), oracle]
         results = [simulate(cats[i], tr, p, cfg) for p in pols]
         base[i] = {r.policy: r for r in results}

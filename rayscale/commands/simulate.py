@@ -52,6 +52,9 @@ def register(sub: Any) -> None:
     p.add_argument("--prefill-contention", action=argparse.BooleanOptionalAction, default=True,
                    help="engines share prefill throughput with decode (chunked prefill, the default); "
                         "--no-prefill-contention gives the emulated engine's independent prefill")
+    p.add_argument("--burst-floor", action=argparse.BooleanOptionalAction, default=True,
+                   help="rayscale holds replicas that drain the last hour's bursts within the TTFT target "
+                        "(rayscale.core.burst; the default); --no-burst-floor sizes for the forecast alone")
     p.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
                    help="engine model: fluid (per-tick fluid model, the default, fast) or iteration (vLLM's scheduler "
                         "one engine iteration at a time: what bench/fidelity.py checks against real vLLM)")
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
             engine = replace(engine, tick_s=args.tick)
         cfg = SimConfig(model=model, seed=args.seed, control_period_s=args.control_period,
                         planner=PlannerSettings(solver=args.solver), engine=engine, warmup_s=warmup,
-                        mix_min_requests=args.mix_min_requests)
+                        mix_min_requests=args.mix_min_requests, burst_floor=args.burst_floor)
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

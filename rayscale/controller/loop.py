@@ -43,7 +43,15 @@ from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.route import flavor_weights
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.signals.scrape import MetricsScraper
-from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, Scrape, aggregate, check_mix_span, mix_only
+from rayscale.signals.window import (
+    MIX_MAX_S,
+    MIX_MIN_REQUESTS,
+    Scrape,
+    aggregate,
+    arrival_rate,
+    check_mix_span,
+    mix_only,
+)
 
 
 @dataclass
@@ -61,6 +69,9 @@ class ControllerConfig:
     forecaster: str = "last"
     decision_log: Path | None = None
     history_len: int = 24  # arrival-rate windows kept for the forecaster
+    # Arrivals per period kept this long (ModelSignals.arrival_counts): the bursts the estimator's burst
+    # floor sizes for when ``estimate.burst_floor`` is on (rayscale.core.burst).
+    burst_history_s: float = 3600.0
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     act: ActSettings = field(default_factory=ActSettings)
     estimate: EstimateSettings = field(default_factory=EstimateSettings)
@@ -141,6 +152,9 @@ class Controller:
         self.unavailable: dict[tuple[str, str, str], float] = {}
         self.rate_history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.config.history_len))
         self.last_mix: dict[str, RequestMix] = {}
+        self.arrivals: dict[str, deque[float]] = defaultdict(
+            lambda: deque(maxlen=max(int(self.config.burst_history_s / self.config.period_s), 1)))
+        self._last_ok: Scrape | None = None
         self.records: list[DecisionRecord] = []
         self._stop = threading.Event()
         self._listeners: list[Callable[[DecisionRecord], None]] = []
@@ -236,6 +250,14 @@ class Controller:
         trimmed to the request mix's series for as long as the mix may reach back."""
         cfg = self.config
         self.scrapes.append(scrape)
+        if scrape.ok:
+            prev = self._last_ok
+            if prev is not None and scrape.t > prev.t:
+                # Per period-long bin: a failed scrape in between leaves no bin of zeros, and the interval
+                # it widened counts at its rate (missing metrics never read as no load).
+                for m in self.catalog.models:
+                    self.arrivals[m].append(arrival_rate(prev, scrape, m) * cfg.period_s)
+            self._last_ok = scrape
         while self.scrapes and self.scrapes[0].t < now - 4 * cfg.window_s:
             old = self.scrapes.popleft()
             if cfg.mix_min_requests and old.ok:
@@ -255,7 +277,8 @@ class Controller:
         elif sig.model in self.last_mix:
             sig = replace(sig, mix=self.last_mix[sig.model])
         hist = self.rate_history[sig.model]
-        out = replace(sig, rate_history=tuple(hist))
+        out = replace(sig, rate_history=tuple(hist), arrival_counts=tuple(self.arrivals[sig.model]),
+                      arrival_bin_s=self.config.period_s)
         hist.append(rate)
         return out
 

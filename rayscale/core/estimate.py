@@ -39,6 +39,7 @@ from rayscale.core.attainment import (
     subset,
     tpot_quantile,
 )
+from rayscale.core.burst import burst_rate
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
@@ -83,6 +84,20 @@ class ReplicaCapacity:
     @property
     def feasible(self) -> bool:
         return self.rps > 0
+
+
+def drain_rps(profile: Profile, mix: RequestMix, batch: float) -> float:
+    """Requests/s one replica starts once a burst has queued more than it can hold: the rate a queue drains
+    at, not the capacity at the SLO. The lower of two bounds: prompts prefill one chunk per iteration beside
+    ``batch`` decodes, and with the batch full (max_num_seqs or the KV cache) a request starts only when one
+    finishes. The profile as given (no correction)."""
+    p, o = max(mix.prompt_mean, 1.0), max(mix.output_mean, 1.0)
+    chunk = profile.max_num_batched_tokens or CHUNK_TOKENS
+    per_token = profile.prefill_engine_s(p) / p
+    prefill = chunk / (profile.itl_s(batch) + chunk * per_token) / p
+    full = max(min(float(profile.max_num_seqs), profile.kv_tokens / (p + o)), 1.0)
+    finish = full / (o * tpot_at(profile, full, mix))
+    return min(prefill, finish)
 
 
 def tpot_at(profile: Profile, batch: float, mix: RequestMix, corr: Correction = Correction()) -> float:
@@ -227,6 +242,9 @@ class Demand:
     mix: RequestMix
     capacity: dict[str, ReplicaCapacity] = field(default_factory=dict)  # per flavor
     reason: str = ""
+    # Req/s the fleet must drain a burst at (rayscale.core.burst; 0: none). Not demand: the planner holds
+    # replicas whose queues drain it (drain_rps), counted through the model's best-value flavor.
+    burst_rps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -238,6 +256,11 @@ class EstimateSettings:
     # 30 s drain when replicas take 10 min to start buys a fleet that lands idle after the queue is gone.
     backlog_drain_s: float = 30.0
     headroom: float = 0.0  # extra fraction of demand to provision
+    # Report the burst rate of the signals' arrival counts (Demand.burst_rps, rayscale.core.burst), which the
+    # planner holds replicas for: their queues drain (``drain_rps``) each burst within the TTFT target, for
+    # all but 1 - attainment of the requests. Off by default: the controller does not count arrivals per
+    # period yet; the simulator turns it on (SimConfig.burst_floor).
+    burst_floor: bool = False
 
 
 def prior_mix(catalog: Catalog, model: str) -> RequestMix:
@@ -283,6 +306,10 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
             continue
         assert sig.arrival_rate_rps is not None
         rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
+        burst = 0.0
+        if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
+            burst = burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
+                               settings.attainment)
         startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
                        for f in catalog.models[name].parallelism), default=0.0)
         backlog = (sig.waiting or 0.0) / max(settings.backlog_drain_s, startup)
@@ -292,7 +319,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
             why += f", {rate:.2f} forecast"
         if backlog > 0:
             why += f", {sig.waiting:.0f} queued"
-        out[name] = Demand(name, DemandState.OK, rps, mix, caps, why)
+        out[name] = Demand(name, DemandState.OK, rps, mix, caps, why, burst)
     return out
 
 

@@ -17,11 +17,11 @@ value and the planner's memory in; the plan and the new memory out. Stability ru
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rayscale.core.catalog import CapacityType, Catalog, Parallelism
-from rayscale.core.estimate import Demand, DemandState
+from rayscale.core.estimate import Demand, DemandState, drain_rps
 from rayscale.core.gangs import GangError, GangShape, gang_shape_for
 from rayscale.core.solver import (
     EXACT_MAX_VARS,
@@ -186,6 +186,8 @@ def plan(
     shapes: dict[tuple[str, int, int], tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str] = {}
     for name, spec in sorted(catalog.models.items()):
         d = demands.get(name)
+        if d is not None and d.state == DemandState.OK and d.burst_rps > 0:
+            d = _with_burst_floor(catalog, name, d, shapes)
         cur = cur_by_model.get(name, {})
         caps = d.capacity if d else {}
         cur_cap = sum(n * (caps[f].rps if f in caps else 0.0) for (_, f, _), n in cur.items())
@@ -350,6 +352,36 @@ def plan(
             targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
     return (Plan(tuple(entries), shortfalls, sol.method, tuple(notes)),
             PlannerMemory(last_change, below_since, targets))
+
+
+def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: dict[Any, Any]) -> Demand:
+    """The demand, raised to what holds enough replicas to drain its bursts (Demand.burst_rps).
+
+    Replicas of flavor f drain drain_rps(f) req/s in a burst but count ReplicaCapacity.rps(f) against demand,
+    so the floor is burst_rps x rps / drain of one flavor: the model's best value per req/s, which the bulk of
+    its fleet runs (the fastest flavor's ratio would hold for any mix, but on the Azure code trace it bought
+    H100 gangs for a floor 32 L40S nearly covered)."""
+    spec = catalog.models[model]
+    offers, drain = [], {}
+    for fname, par in sorted(spec.parallelism.items()):
+        cap = d.capacity.get(fname)
+        if cap is None or not cap.feasible:
+            continue
+        got = shapes.get((fname, par.tp, par.pp))
+        if got is None:
+            got = shapes[(fname, par.tp, par.pp)] = _offer_shape(catalog, fname, par)
+        if isinstance(got, str):
+            continue
+        drain[fname] = drain_rps(catalog.profile(model, fname), d.mix, cap.batch)
+        offers += [(fname, ct, price, cap.rps, True) for ct, _, price in got[1]]
+    value = {f: v for f, v in _flavor_values(catalog, offers).items() if drain.get(f, 0.0) > 0}
+    if not value:
+        return d
+    best = min(value, key=lambda f: (value[f][0], f))
+    floor = d.burst_rps * d.capacity[best].rps / drain[best]
+    if floor <= d.rps:
+        return d
+    return replace(d, rps=floor, reason=f"{d.reason}, {floor:.2f} burst floor ({d.burst_rps:.1f} req/s bursts)")
 
 
 def _flavor_values(catalog: Catalog, offers: list[tuple[str, CapacityType, float, float, bool]]

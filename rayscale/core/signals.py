@@ -94,6 +94,10 @@ class ModelSignals:
     kv_usage: float | None = None  # 0..1, max over replicas
     per_flavor: dict[str, FlavorObservation] = field(default_factory=dict)
     rate_history: tuple[float, ...] = ()  # arrival rate per past window, oldest first, for forecasting
+    # Arrivals per arrival_bin_s-long bin, oldest first (the last hour): the bursts within the minute that
+    # rayscale.core.burst sizes for (empty: not observed, no burst floor).
+    arrival_counts: tuple[float, ...] = ()
+    arrival_bin_s: float = 0.0
 
     @property
     def usable(self) -> bool:

@@ -162,7 +162,7 @@ def _mix_span(ok: Sequence[Scrape], first: Scrape, last: Scrape, model: str, min
     return wide or mix
 
 
-def _arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
+def arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
     """Requests that reached the engines of ``model`` per second between two scrapes: first tokens
     (admitted and prefilled) plus the growth of the engines' queues."""
     def total(s: Scrape, name: str) -> float:
@@ -246,11 +246,11 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
             continue
         a = per_model.get(m, _Acc())
         waiting_now = sum(a.gauges.get(WAITING, []))
-        arrivals = _arrival_rate(first, last, m)
+        arrivals = arrival_rate(first, last, m)
         if fast_window_s is not None:
             recent = [s for s in win if s.t <= last.t - fast_window_s]
             if recent and recent[-1] is not first:
-                arrivals = max(arrivals, _arrival_rate(recent[-1], last, m))
+                arrivals = max(arrivals, arrival_rate(recent[-1], last, m))
         mix = _mix_span(ok, first, last, m, mix_min_requests, mix_max_s)
         flav = {}
         for (mm, f), fa in per_flavor.items():

@@ -419,12 +419,13 @@ class StockPolicy(Policy):
 
 
 def make_policy(name: str, planner: PlannerSettings = _PLANNER, forecaster: str = "peak",
-                downscale_delay_s: float | None = None) -> Policy:
-    """A policy by name; ``forecaster`` and ``downscale_delay_s`` (None: the planner's) are rayscale's."""
+                downscale_delay_s: float | None = None, burst_floor: bool = False) -> Policy:
+    """A policy by name; ``forecaster``, ``downscale_delay_s`` (None: the planner's) and ``burst_floor``
+    (EstimateSettings.burst_floor) are rayscale's."""
     if name == "rayscale":
         if downscale_delay_s is not None:
             planner = replace(planner, downscale_delay_s=downscale_delay_s)
-        return RayscalePolicy(forecaster=forecaster, planner=planner)
+        return RayscalePolicy(forecaster=forecaster, planner=planner, est=replace(_EST, burst_floor=burst_floor))
     if name == "stock":
         return StockPolicy()
     if name == "static-peak":

@@ -41,6 +41,10 @@ class SimConfig:
     mix_max_s: float = MIX_MAX_S
     history_window_s: float = 60.0  # one forecaster sample per this long
     history_len: int = 120
+    # Arrivals per control period over this long reach the policies (ModelSignals.arrival_counts), and
+    # rayscale holds the burst floor of them (rayscale.core.burst; bench/results/burst_floor.md).
+    burst_history_s: float = 3600.0
+    burst_floor: bool = True
     drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
     # Requests arriving before this are served but not scored, and cost accrues from it on: a controller
     # that has run for a while has a fleet and a rate history; a simulation starting empty has neither.
@@ -155,6 +159,15 @@ class Simulation:
     def _count(self, lo_t: float, hi_t: float) -> tuple[int, int]:
         return (int(np.searchsorted(self.arr, lo_t, side="left")), int(np.searchsorted(self.arr, hi_t, side="left")))
 
+    def arrival_counts(self, now: float) -> tuple[float, ...]:
+        """Arrivals per control period over the last burst_history_s (from t=0 on), oldest first."""
+        b = self.cfg.control_period_s
+        n = min(int(self.cfg.burst_history_s / b), int(now / b))
+        if n <= 0:
+            return ()
+        idx = np.searchsorted(self.arr, now - b * np.arange(n, -1, -1), side="left")
+        return tuple(np.diff(idx).astype(float).tolist())
+
     def future_load(self, now: float, window_s: float) -> tuple[float, RequestMix]:
         """Perfect foresight: the true arrival rate and mix of [now, now + window_s)."""
         lo, hi = self._count(now, now + window_s)
@@ -238,6 +251,7 @@ class Simulation:
             ttft_p95_s=p95(ttft) if len(ttft) else None,
             tpot_p95_s=p95(tpot) if len(tpot) else None,
             kv_usage=eng.kv_usage(), per_flavor=per_flavor, rate_history=tuple(self._history),
+            arrival_counts=self.arrival_counts(now), arrival_bin_s=self.cfg.control_period_s,
         )
 
     def _last_finished(self, k: int) -> np.ndarray:
@@ -402,6 +416,6 @@ def _progress(total: float, enabled: bool) -> Any:
 def simulate(catalog: Catalog, trace: Trace, policy: str | Policy, cfg: SimConfig = SimConfig(),
              progress: bool = False) -> SimResult:
     """Run one policy over a trace. ``policy`` is a name (rayscale, stock, static-peak, oracle) or a Policy."""
-    pol = (make_policy(policy, cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s)
+    pol = (make_policy(policy, cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s, cfg.burst_floor)
            if isinstance(policy, str) else policy)
     return Simulation(catalog, trace, pol, cfg).run(progress)

@@ -65,3 +65,18 @@ def test_mix_settings_are_checked_and_the_clis_name_their_flag(capsys: Any) -> N
         assert main([*cmd, "--mix-min-requests", "-5"]) == 2
         err = capsys.readouterr().err
         assert "--mix-min-requests: mix_min_requests must be an integer >= 0, got -5" in err
+
+
+def test_arrivals_are_counted_per_period_for_the_burst_floor() -> None:
+    cat = load_catalog().subset(["mistral-7b"], ["a10g"])
+    none: Any = None
+    ctl = Controller(cat, none, none, none, ControllerConfig(period_s=5.0, burst_history_s=60.0))
+    lb = labels(model="mistral-7b", flavor="a10g", ReplicaId="r1")
+    started = 0.0
+    for t in range(0, 101, 5):
+        started += 50.0 if t == 50 else 5.0  # one period with a burst of 50 requests
+        ok = t != 80  # one failed scrape: its interval is read at its rate, not as a period of no load
+        ctl._remember(Scrape(float(t), {(TTFT + "_count", lb): started} if ok else {}, ok=ok), float(t))
+    counts = ctl._with_history(ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0, SHORT)).arrival_counts
+    assert len(counts) == 12  # 60 s of 5-s periods (the failed scrape's 10-s interval is one bin)
+    assert max(counts) == 50.0 and counts.count(5.0) == 11

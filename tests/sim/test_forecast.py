@@ -20,8 +20,9 @@ def bursts(n: int, period: int = 30, start: int = 15, length: int = 5, base: flo
 
 
 def old_trend(history: list[float], current: float, alpha: float = 0.5, beta: float = 0.2, horizon: int = 6) -> float:
-    """TrendSeasonal without a season as it was before the horizon peak (the live 'trend' forecaster)."""
-    xs = [*history, current]
+    """Holt's linear trend over the completed windows, never below the current rate: TrendSeasonal without a
+    season must stay exactly this (the live 'trend' forecaster)."""
+    xs = list(history)
     if len(xs) < 3:
         return current
     level, trend = xs[0], xs[1] - xs[0]
@@ -57,6 +58,15 @@ def test_seasonal_forecast_covers_every_window_of_the_horizon():
     assert TrendSeasonal(season=30, horizon=2)(h[:-1], h[-1]) < 4.0  # beyond a short horizon: not yet
     auto = Seasonal(horizon=10)
     assert auto(h[:-1], h[-1]) == pytest.approx(s(h[:-1], h[-1]))
+
+
+def test_a_spike_in_the_open_window_is_a_floor_not_a_trend():
+    # A 1-min history near 10 req/s and a 30-s spike to 54: order for the spike, not for a line through it.
+    h = [10.0, 9.0, 11.0, 10.0, 10.0, 9.5]
+    assert TrendSeasonal(horizon=10)(h, 54.0) == 54.0
+    assert Seasonal(horizon=10, peak_window=60)(h, 54.0) == 54.0
+    # A ramp in the completed windows is still extrapolated.
+    assert TrendSeasonal(horizon=10)([2.0, 4.0, 6.0, 8.0, 10.0], 11.0) > 20.0
 
 
 def test_peak_hold_never_below_recent_peak():
