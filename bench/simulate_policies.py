@@ -110,8 +110,11 @@ How to read these numbers:
   for no start-up, idle, rounding or headroom: a lower bound on the cost of the same SLO. Its latency
   columns come from its integer plan (measured capacity x 0.8, instant nodes), whose cost is noted below.
 - rayscale runs the core's estimate/plan with the simulator's default settings: forecaster `peak`
-  (TrendSeasonal with the season detected in the rate history, never below the highest rate of the last
-  60 one-minute windows) and a 600 s scale-down delay; everything else is the controller's default,
+  (TrendSeasonal with the season detected in the rate history, fitted on completed one-minute windows with
+  the open 30 s window's rate only as a floor, never below the highest rate of the last 60 one-minute
+  windows), the burst floor (`rayscale.core.burst`: replicas whose queues drain the last hour's bursts,
+  5 s to 1 min long, within the TTFT target for all but 1% of the requests; `bench/results/burst_floor.md`)
+  and a 600 s scale-down delay; everything else is the controller's default,
   including the request mix (lengths and their tail quantiles) taken over at least the last 1,000
   requests, up to 900 s back, where the 30 s window holds fewer (`bench/results/mix_window.md`: against
   the window-only mix, over three seeds, cold and steady, it cost less in 17 of 18 runs, 4-22% and once
@@ -209,15 +212,20 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
   {r60:.0f}, mean {len(x) / x[-1]:.1f}); its p95 prompt of {float(np.percentile(az.prompt_tokens, 95)):.0f}
   tokens takes 1.5 s of prefill on a 5,000 token/s flavor, and {100 * short:.0f}% of the answers are under 10
   tokens. At vLLM's 2,048-token chunk one long prompt's chunk in their one or two decode iterations broke
-  their TPOT (2026-11-23: all 266 misses of the steady pass were TPOT); rayscale now deploys the L40S at
-  768 tokens for this mix (`chunk_choice.md`), and what is left is mostly TTFT in the 10-second peaks
-  (steady pass, seed 0: 292 TTFT and 151 TPOT misses, 248 of them in the one minute at 4.4x the mean load;
-  seed 2: 292 TTFT, 0 TPOT). Even the oracle's integer plan (perfect one-minute foresight, instant nodes)
-  misses 99% by far; meeting it needs capacity sized for the 10-second peaks, {r10 / r60:.0f}x the
-  one-minute peak static-peak is sized for.
+  their TPOT (2026-11-23: all 266 misses of the steady pass were TPOT); rayscale deploys the L40S at 768
+  tokens for this mix (`chunk_choice.md`). What was left were TTFT misses in the 10-second peaks, which
+  capacity starting in 10 minutes cannot follow ({r10 / r60:.0f}x the one-minute peak static-peak is
+  sized for; even the oracle's integer plan, with perfect one-minute foresight and instant nodes, misses
+  99% by far). Since 2026-11-24 rayscale holds a burst floor: enough replicas that their queues drain each
+  of the last hour's bursts within the TTFT target, for all but 1% of the requests, counted at the rate a
+  replica starts queued requests rather than its capacity at the SLO (`burst_floor.md`: steady state
+  99.81-99.91% over five seeds, for 17% more than the previous mean cost). From a cold start it has no
+  history, and capacity takes {starts[0]:.0f}-{starts[-1]:.0f} s to start: the first hour stays near 73%.
 - Cost against the oracle: the oracle is a fluid bound on measured capacity; a real fleet pays for target
-  utilisation (0.8), the hysteresis band (0.25), whole replicas, capacity ordered a start-up time early
-  and, here, the estimator's error: it predicts more per-replica capacity than the engine sustains at
+  utilisation (0.8), the hysteresis band (0.25), whole replicas, capacity ordered a start-up time early,
+  on Azure x3 the burst floor (capacity for 10-second peaks that the oracle's one-minute foresight does
+  not see, which is why its integer plan serves about half the requests within the SLO) and the
+  estimator's error: it predicts more per-replica capacity than the engine sustains at
   99% per-request attainment (see the capacity lines above), and its per-flavor corrections are noisy, so
   the planner swaps flavors (make-before-break pays for both while the new ones start).
 - Fleet shape: a scale-up only adds, and the cheapest replica for a small increment is a small one, so

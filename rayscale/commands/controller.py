@@ -34,6 +34,9 @@ def register(sub: Any) -> None:
     p.add_argument("--mix-min-requests", type=int, default=MIX_MIN_REQUESTS, metavar="N",
                    help="the request mix spans at least N finished requests, reaching back up to 900 s when the "
                         f"window holds fewer (0: the window only; default {MIX_MIN_REQUESTS})")
+    p.add_argument("--burst-floor", action="store_true",
+                   help="hold replicas that drain the last hour's bursts within each model's TTFT target "
+                        "(rayscale.core.burst; on in `rayscale simulate`, off here by default)")
     p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
     p.add_argument("--period", type=float, default=5.0, help="seconds between reconciles (default 5)")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from rayscale.controller.loop import Controller, ControllerConfig, record_line
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
+    from rayscale.core.estimate import EstimateSettings
     from rayscale.serve.weights import set_flavor_weights
     from rayscale.signals.scrape import MetricsScraper
 
@@ -115,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
     ray.init(address=address, logging_level=logging.ERROR)
     ctl = Controller(cat, actuator, ServeClient(dashboard), MetricsScraper(),
                      ControllerConfig(period_s=args.period, app_name=args.app, mix_min_requests=args.mix_min_requests,
-                                      decision_log=Path(args.decision_log), act=act),
+                                      decision_log=Path(args.decision_log), act=act,
+                                      estimate=EstimateSettings(burst_floor=args.burst_floor)),
                      weights_sink=set_flavor_weights)
     from rayscale.controller.metrics import ControllerMetrics
 
@@ -158,7 +163,7 @@ def _detached(args: argparse.Namespace) -> int:
         root=root, models=args.models, flavors=args.flavors, profiles=args.profiles,
         only_models=args.only_models, only_flavors=args.only_flavors, app=args.app, period_s=args.period,
         launch_delay_s=args.launch_delay, max_nodes=args.max_nodes, decision_log=args.decision_log,
-        mix_min_requests=args.mix_min_requests,
+        mix_min_requests=args.mix_min_requests, estimate={"burst_floor": args.burst_floor},
         act={} if args.launch_timeout_factor is None else {"launch_timeout_factor": args.launch_timeout_factor}))
     st = ray.get(actor.status.remote(), timeout=120)
     print(f"detached controller running on the head node ({st}); stop it with `rayscale controller --stop`")

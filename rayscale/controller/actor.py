@@ -35,6 +35,7 @@ class ControllerSpec:
     mix_min_requests: int = MIX_MIN_REQUESTS
     planner: dict[str, Any] = field(default_factory=dict)  # PlannerSettings fields
     act: dict[str, Any] = field(default_factory=dict)  # ActSettings fields
+    estimate: dict[str, Any] = field(default_factory=dict)  # EstimateSettings fields
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -49,6 +50,7 @@ class ControllerActor:
         from rayscale.controller.loop import Controller, ControllerConfig
         from rayscale.controller.metrics import ControllerMetrics
         from rayscale.controller.serve_client import ServeClient
+        from rayscale.core.estimate import EstimateSettings
         from rayscale.core.plan import PlannerSettings
         from rayscale.serve.weights import set_flavor_weights
         from rayscale.signals.scrape import MetricsScraper
@@ -65,7 +67,8 @@ class ControllerActor:
         self.ctl = Controller(cat, self.actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
                               ControllerConfig(period_s=s.period_s, app_name=s.app, mix_min_requests=s.mix_min_requests,
                                                decision_log=Path(s.decision_log) if s.decision_log else None,
-                                               planner=PlannerSettings(**s.planner), act=ActSettings(**s.act)),
+                                               planner=PlannerSettings(**s.planner), act=ActSettings(**s.act),
+                                               estimate=EstimateSettings(**s.estimate)),
                               weights_sink=set_flavor_weights)
         self.ctl.on_record(ControllerMetrics(cat).update)
         self._thread = threading.Thread(target=self.ctl.run, name="rayscale-controller", daemon=True)

@@ -29,14 +29,6 @@ import numpy as np
 BURST_WINDOWS = (1, 2, 3, 4, 6, 12)
 
 
-def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
-    """The smallest value with at least a share q of the total weight at or below it."""
-    order = np.argsort(values, kind="stable")
-    cum = np.cumsum(weights[order])
-    i = int(np.searchsorted(cum, q * cum[-1], side="left"))
-    return float(values[order][min(i, len(values) - 1)])
-
-
 def burst_rate(counts: Sequence[float], bin_s: float, ttft_s: float, attainment: float,
                windows: Sequence[int] = BURST_WINDOWS) -> float:
     """Sustained req/s that clears every burst in ``counts`` (arrivals per ``bin_s``-long bin, oldest first)
@@ -45,18 +37,23 @@ def burst_rate(counts: Sequence[float], bin_s: float, ttft_s: float, attainment:
         raise ValueError(f"burst_rate: bin_s > 0, ttft_s >= 0 and 0 < attainment <= 1 (got {bin_s}, {ttft_s}, "
                          f"{attainment})")
     c = np.asarray(counts, dtype=float)
-    if c.size == 0 or c.sum() <= 0:
+    n = c.size
+    ks = [k for k in windows if k <= n]
+    if not ks or c.sum() <= 0:
         return 0.0
+    # All windows at once (the simulator asks every period): row i holds the rate of every window of ks[i]
+    # bins, by the bin it ends at; the requests of a window's last bin queue behind the whole window, so
+    # they carry its weight. Bins before a full window have weight 0 and sort first.
     cum = np.concatenate([[0.0], np.cumsum(c)])
-    best = 0.0
-    for k in windows:
-        if k > c.size:
-            break
-        w = k * bin_s
-        rate = (cum[k:] - cum[:-k]) / w  # windows ending at bins k-1 .. n-1
-        # The requests of a window's last bin queue behind the whole window: they carry its weight.
-        last = c[k - 1:]
-        if last.sum() <= 0:
-            continue
-        best = max(best, weighted_quantile(rate, last, attainment) * w / (w + ttft_s))
-    return best
+    rate, weight = np.zeros((len(ks), n)), np.zeros((len(ks), n))
+    for i, k in enumerate(ks):
+        rate[i, k - 1:] = (cum[k:] - cum[:-k]) / (k * bin_s)
+        weight[i, k - 1:] = c[k - 1:]
+    order = np.argsort(rate, axis=1)
+    rate = np.take_along_axis(rate, order, axis=1)
+    cw = np.cumsum(np.take_along_axis(weight, order, axis=1), axis=1)
+    # The request-weighted quantile: the first window rate with at least `attainment` of the weight at or below.
+    at = np.minimum((cw < attainment * cw[:, -1:]).sum(axis=1), n - 1)
+    q = rate[np.arange(len(ks)), at]
+    w = np.asarray(ks, dtype=float) * bin_s
+    return float(np.max(q * w / (w + ttft_s)))

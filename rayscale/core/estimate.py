@@ -17,6 +17,7 @@ planner does), smoothed and clamped so one bad window cannot swing the plan.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,11 @@ class ReplicaCapacity:
     @property
     def feasible(self) -> bool:
         return self.rps > 0
+
+
+# The simulator hands the same hour of counts for a minute while it asks every period (the same as
+# forecast._season_of): computed once.
+_burst_rate = functools.lru_cache(maxsize=16)(burst_rate)
 
 
 def drain_rps(profile: Profile, mix: RequestMix, batch: float) -> float:
@@ -308,8 +314,8 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
         burst = 0.0
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
-            burst = burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
-                               settings.attainment)
+            burst = _burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
+                                settings.attainment)
         startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
                        for f in catalog.models[name].parallelism), default=0.0)
         backlog = (sig.waiting or 0.0) / max(settings.backlog_drain_s, startup)

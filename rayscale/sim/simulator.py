@@ -143,6 +143,7 @@ class Simulation:
         self._history: deque[float] = deque(maxlen=cfg.history_len)
         self._next_hist = cfg.history_window_s
         self._last_mix: RequestMix | None = None
+        self._counts: tuple[float, tuple[float, ...]] = (-1.0, ())  # (window end, arrival counts)
         self._samples: list[tuple[float, float, dict[str, int], int]] = []
 
     # --- what the policies may look at --------------------------------------------------------
@@ -160,13 +161,20 @@ class Simulation:
         return (int(np.searchsorted(self.arr, lo_t, side="left")), int(np.searchsorted(self.arr, hi_t, side="left")))
 
     def arrival_counts(self, now: float) -> tuple[float, ...]:
-        """Arrivals per control period over the last burst_history_s (from t=0 on), oldest first."""
+        """Arrivals per control period over the burst_history_s (from t=0 on) up to the last whole history
+        window, oldest first. Whole windows: the same tuple for a minute, so the estimator's burst rate of it
+        is computed once a minute, not every period (an hour's statistic; 12 s of a simulated day's 120)."""
         b = self.cfg.control_period_s
-        n = min(int(self.cfg.burst_history_s / b), int(now / b))
-        if n <= 0:
-            return ()
-        idx = np.searchsorted(self.arr, now - b * np.arange(n, -1, -1), side="left")
-        return tuple(np.diff(idx).astype(float).tolist())
+        end = math.floor(now / self.cfg.history_window_s) * self.cfg.history_window_s
+        if self._counts[0] == end:
+            return self._counts[1]
+        n = min(int(self.cfg.burst_history_s / b), int(end / b))
+        out: tuple[float, ...] = ()
+        if n > 0:
+            idx = np.searchsorted(self.arr, end - b * np.arange(n, -1, -1), side="left")
+            out = tuple(np.diff(idx).astype(float).tolist())
+        self._counts = (end, out)
+        return out
 
     def future_load(self, now: float, window_s: float) -> tuple[float, RequestMix]:
         """Perfect foresight: the true arrival rate and mix of [now, now + window_s)."""

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayscale.config import load_catalog
-from rayscale.core.burst import burst_rate, weighted_quantile
+from rayscale.core.burst import BURST_WINDOWS, burst_rate
 from rayscale.core.estimate import EstimateSettings, drain_rps, estimate
 from rayscale.core.plan import plan
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
@@ -22,11 +22,35 @@ def _poisson(rate: float, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).poisson(rate * BIN, HOUR).astype(float)
 
 
-def test_weighted_quantile_counts_weight_not_entries() -> None:
-    v, w = np.array([1.0, 2.0, 3.0]), np.array([98.0, 1.0, 1.0])
-    assert weighted_quantile(v, w, 0.5) == 1.0
-    assert weighted_quantile(v, w, 0.99) == 2.0
-    assert weighted_quantile(v, w, 1.0) == 3.0
+def _reference(counts: np.ndarray, bin_s: float, ttft_s: float, q: float) -> float:
+    """burst_rate spelled out one window length and one window at a time."""
+    best = 0.0
+    for k in BURST_WINDOWS:
+        if k > len(counts):
+            break
+        pairs = sorted((counts[j - k + 1:j + 1].sum() / (k * bin_s), counts[j]) for j in range(k - 1, len(counts)))
+        total = sum(wt for _, wt in pairs)
+        if total <= 0:
+            continue
+        acc, i = 0.0, 0
+        while acc + pairs[i][1] < q * total - 1e-9:  # the smallest rate with q of the weight at or below it
+            acc += pairs[i][1]
+            i += 1
+        best = max(best, pairs[i][0] * k * bin_s / (k * bin_s + ttft_s))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=60), st.sampled_from([0.5, 0.9, 0.99, 1.0]))
+def test_matches_the_definition_window_by_window(counts: list[int], q: float) -> None:
+    c = np.asarray(counts, dtype=float)
+    assert burst_rate(c, BIN, 2.0, q) == pytest.approx(_reference(c, BIN, 2.0, q), rel=1e-9, abs=1e-12)
+
+
+def test_the_quantile_counts_requests_not_windows() -> None:
+    # One bin of 98 requests and two of one: the 50% request sees the busy bin's rate, the median window not.
+    c = np.array([1.0, 98.0, 1.0])
+    assert burst_rate(c, 1.0, 0.0, 0.5, windows=(1,)) == 98.0
 
 
 def test_poisson_load_needs_about_its_mean() -> None:

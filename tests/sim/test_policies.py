@@ -234,13 +234,14 @@ def simulate_cmd_main(argv: list[str]) -> int:
 def test_signals_carry_arrivals_per_period_over_the_last_hour():
     tr = load_spec("gen:poisson:rate=3,hours=1.5", seed=2)
     sim = Simulation(CAT, tr, StockPolicy(), SimConfig())
-    now = 4000.0
+    now = 4000.0  # the counts end at the last whole minute, 3,960 s
     counts = sim.arrival_counts(now)
     assert len(counts) == 720 and sim.signals(now).arrival_bin_s == 5.0
-    lo, hi = sim.count_arrivals(now - 3600.0, now)
+    lo, hi = sim.count_arrivals(3960.0 - 3600.0, 3960.0)
     assert sum(counts) == hi - lo
-    assert counts[-1] == np.diff(sim.count_arrivals(now - 5.0, now))[0]
-    assert len(sim.arrival_counts(12.0)) == 2  # no bins before t=0
+    assert counts[-1] == np.diff(sim.count_arrivals(3955.0, 3960.0))[0]
+    assert sim.arrival_counts(4019.0) is counts and sim.arrival_counts(4020.0) != counts
+    assert len(sim.arrival_counts(130.0)) == 24  # no bins before t=0
 
 
 def test_the_burst_floor_holds_capacity_for_bursts_within_the_minute(capsys):
