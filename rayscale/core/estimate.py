@@ -264,8 +264,8 @@ class EstimateSettings:
     headroom: float = 0.0  # extra fraction of demand to provision
     # Report the burst rate of the signals' arrival counts (Demand.burst_rps, rayscale.core.burst), which the
     # planner holds replicas for: their queues drain (``drain_rps``) each burst within the TTFT target, for
-    # all but 1 - attainment of the requests. Off by default: the controller does not count arrivals per
-    # period yet; the simulator turns it on (SimConfig.burst_floor).
+    # all but 1 - attainment of the requests. Off by default (`rayscale controller --burst-floor`); the
+    # simulator turns it on (SimConfig.burst_floor, bench/results/burst_floor.md).
     burst_floor: bool = False
 
 
