@@ -183,7 +183,7 @@ def plan(
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
     # Gang shape, price per capacity type and devices depend only on (flavor, tp, pp): once per plan call.
-    shapes: dict[tuple[str, int, int], tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str] = {}
+    shapes: Shapes = {}
     for name, spec in sorted(catalog.models.items()):
         d = demands.get(name)
         if d is not None and d.state == DemandState.OK and d.burst_rps > 0:
@@ -233,10 +233,7 @@ def plan(
         first = len(o_model)  # this model's offerings start here
         for fname in sorted(spec.parallelism):
             par = spec.parallelism[fname]
-            gkey = (fname, par.tp, par.pp)
-            got = shapes.get(gkey)
-            if got is None:
-                got = shapes[gkey] = _offer_shape(catalog, fname, par)
+            got = _cached_shape(catalog, shapes, fname, par)
             if isinstance(got, str):
                 notes.append(f"{name} on {fname}: {got}")
                 continue
@@ -354,7 +351,19 @@ def plan(
             PlannerMemory(last_change, below_since, targets))
 
 
-def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: dict[Any, Any]) -> Demand:
+Shapes = dict[tuple[str, int, int], tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str]
+
+
+def _cached_shape(catalog: Catalog, shapes: Shapes, flavor: str, par: Parallelism
+                  ) -> tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str:
+    """_offer_shape, once per (flavor, tp, pp) and plan call."""
+    key = (flavor, par.tp, par.pp)
+    if key not in shapes:
+        shapes[key] = _offer_shape(catalog, flavor, par)
+    return shapes[key]
+
+
+def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -> Demand:
     """The demand, raised to what holds enough replicas to drain its bursts (Demand.burst_rps).
 
     Replicas of flavor f drain drain_rps(f) req/s in a burst but count ReplicaCapacity.rps(f) against demand,
@@ -367,9 +376,7 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: dict[Any,
         cap = d.capacity.get(fname)
         if cap is None or not cap.feasible:
             continue
-        got = shapes.get((fname, par.tp, par.pp))
-        if got is None:
-            got = shapes[(fname, par.tp, par.pp)] = _offer_shape(catalog, fname, par)
+        got = _cached_shape(catalog, shapes, fname, par)
         if isinstance(got, str):
             continue
         drain[fname] = drain_rps(catalog.profile(model, fname), d.mix, cap.batch)
