@@ -1,15 +1,18 @@
-"""Sizing for bursts within the minute: rayscale with the burst floor against what it ran before.
+"""Sizing for bursts within the minute: rayscale's burst floor against the one it replaced and none.
 
     .venv/bin/python -m bench.burst_floor [--seeds 0,1,2,3,4] [--jobs 2] [--out bench/results/burst_floor.md]
 
 Three rayscale variants, same simulator, same traces as bench.simulate_policies (each declares its own
 request mix), cold and in steady state (played twice, the second pass scored), per seed:
 
-- previous: the forecaster before 2026-11-24, whose trend took the open 30-s window's rate as its last
-  point (``OpenWindow``, reproduced here), and no burst floor;
-- closed: the trend fitted on completed 1-min windows, the open window's rate only a floor (the core's
-  forecaster now), no burst floor;
-- rayscale: closed plus the burst floor (rayscale.core.burst, SimConfig.burst_floor: the new default).
+- closed: the forecaster alone (trend fitted on completed 1-min windows, the open window's rate only a
+  floor, peak hold), no burst floor;
+- windows: closed plus the burst floor as of 2026-11-24 (``window_quantile_rate``, reproduced here): the
+  largest, over windows of 5 s to 1 min, of the request-weighted 99% quantile of the window's rate times
+  w / (w + T), its drain counted in the last minutes' request mix;
+- rayscale: closed plus the burst floor now (rayscale.core.burst): the smallest drain rate at which a fluid
+  FIFO queue replaying the last hour's arrivals keeps all but half the miss budget within the TTFT target,
+  its drain counted in the model's declared request mix.
 
 Seeds change the generated traces and the cloud's draws; the Azure trace is one file, so its seeds change
 only the cloud (start-up times, capacity errors, interruptions).
@@ -18,41 +21,79 @@ only the cloud (start-up times, capacity errors, interruptions).
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+import rayscale.core.estimate as estimate_mod
+import rayscale.core.plan as plan_mod
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
+from rayscale.core.burst import BURST_BUDGET_SHARE
 from rayscale.core.estimate import EstimateSettings
-from rayscale.core.forecast import Seasonal
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import load_spec
 from rayscale.tables import format_table
 
 MODEL = "mistral-7b"
-MODES = ("previous", "closed", "rayscale")
+MODES = ("closed", "windows", "rayscale")
+_WINDOWS = (1, 2, 3, 4, 6, 12)  # bins of 5 s
 
 
-@dataclass(frozen=True)
-class OpenWindow(Seasonal):
-    """The peak forecaster as it was: the open window's rate is the trend's last data point."""
+def window_quantile_rate(counts: Sequence[float], bin_s: float, ttft_s: float, attainment: float) -> float:
+    """The burst floor of 2026-11-24: max over window lengths w of the request-weighted ``attainment``
+    quantile of the window rate, times w / (w + T)."""
+    c = np.asarray(counts, dtype=float)
+    n = c.size
+    ks = [k for k in _WINDOWS if k <= n]
+    if not ks or c.sum() <= 0:
+        return 0.0
+    cum = np.concatenate([[0.0], np.cumsum(c)])
+    rate, weight = np.zeros((len(ks), n)), np.zeros((len(ks), n))
+    for i, k in enumerate(ks):
+        rate[i, k - 1:] = (cum[k:] - cum[:-k]) / (k * bin_s)
+        weight[i, k - 1:] = c[k - 1:]
+    order = np.argsort(rate, axis=1)
+    rate = np.take_along_axis(rate, order, axis=1)
+    cw = np.cumsum(np.take_along_axis(weight, order, axis=1), axis=1)
+    at = np.minimum((cw < attainment * cw[:, -1:]).sum(axis=1), n - 1)
+    q = rate[np.arange(len(ks)), at]
+    w = np.asarray(ks, dtype=float) * bin_s
+    return float(np.max(q * w / (w + ttft_s)))
 
-    def __call__(self, history: Sequence[float], current: float) -> float:
-        return super().__call__((*history, current), current)
+
+@functools.lru_cache(maxsize=16)
+def _windows_rate(counts: tuple[float, ...], bin_s: float, ttft_s: float, attainment: float) -> float:
+    # The core asks for the floor at 1 - BURST_BUDGET_SHARE x (1 - SLO attainment); the old floor spent it all.
+    return window_quantile_rate(counts, bin_s, ttft_s, 1.0 - (1.0 - attainment) / BURST_BUDGET_SHARE)
+
+
+@contextmanager
+def _old_floor() -> Iterator[None]:
+    """The core's estimate and plan, with the 2026-11-24 floor and its drain in the observed mix."""
+    rate, mix = estimate_mod._burst_rate, plan_mod._floor_mix
+    estimate_mod._burst_rate = _windows_rate
+    plan_mod._floor_mix = lambda catalog, model, d: d.mix
+    try:
+        yield
+    finally:
+        estimate_mod._burst_rate, plan_mod._floor_mix = rate, mix
 
 
 def policy(mode: str, cfg: SimConfig) -> RayscalePolicy:
-    fc = OpenWindow(peak_window=60) if mode == "previous" else cfg.forecaster
     planner = replace(cfg.planner, downscale_delay_s=cfg.rayscale_downscale_delay_s or cfg.planner.downscale_delay_s)
-    return RayscalePolicy(forecaster=fc, planner=planner,
-                          est=EstimateSettings(burst_floor=mode == "rayscale" and cfg.burst_floor))
+    return RayscalePolicy(forecaster=cfg.forecaster, planner=planner,
+                          est=EstimateSettings(burst_floor=mode != "closed" and cfg.burst_floor))
 
 
 def one(i: int, seed: int, mode: str) -> dict[str, Any]:
@@ -60,10 +101,11 @@ def one(i: int, seed: int, mode: str) -> dict[str, Any]:
     tr = load_spec(spec, seed=seed, rate_scale=rate)
     cat = load_catalog().subset([MODEL]).with_request_mix(MODEL, tr.request_mix())
     cfg = SimConfig(seed=seed)
-    cold = simulate(cat, tr, policy(mode, cfg), cfg)
     tr2 = tr.repeat(2)
     cfg2 = replace(cfg, warmup_s=float(tr2.arrival_s[len(tr)]))
-    steady = simulate(cat, tr2, policy(mode, cfg2), cfg2)
+    with _old_floor() if mode == "windows" else nullcontext():
+        cold = simulate(cat, tr, policy(mode, cfg), cfg)
+        steady = simulate(cat, tr2, policy(mode, cfg2), cfg2)
     out = {"case": i, "seed": seed, "mode": mode}
     for tag, r in (("cold", cold), ("steady", steady)):
         out |= {f"{tag}_slo": r.slo_attainment, f"{tag}_usd": r.cost_usd, f"{tag}_ttft95": r.ttft_p95_s,
@@ -85,7 +127,7 @@ def plot(res: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(SHORT), figsize=(4.2 * len(SHORT), 3.8))
-    marks = {"previous": ("o", "tab:gray"), "closed": ("s", "tab:blue"), "rayscale": ("*", "tab:red")}
+    marks = {"closed": ("s", "tab:blue"), "windows": ("o", "tab:gray"), "rayscale": ("*", "tab:red")}
     for i, ax in enumerate(axes):
         for mode in MODES:
             rows = [r for r in res if r["case"] == i and r["mode"] == mode]

@@ -40,7 +40,7 @@ from rayscale.core.attainment import (
     subset,
     tpot_quantile,
 )
-from rayscale.core.burst import burst_rate
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
@@ -315,7 +315,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         burst = 0.0
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
             burst = _burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
-                                settings.attainment)
+                                1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
         startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
                        for f in catalog.models[name].parallelism), default=0.0)
         backlog = (sig.waiting or 0.0) / max(settings.backlog_drain_s, startup)

@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rayscale.core.catalog import CapacityType, Catalog, Parallelism
-from rayscale.core.estimate import Demand, DemandState, drain_rps
+from rayscale.core.estimate import Demand, DemandState, drain_rps, prior_mix
 from rayscale.core.gangs import GangError, GangShape, gang_shape_for
+from rayscale.core.signals import RequestMix
 from rayscale.core.solver import (
     EXACT_MAX_VARS,
     RPS_TOLERANCE,
@@ -371,6 +372,7 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
     its fleet runs (the fastest flavor's ratio would hold for any mix, but on the Azure code trace it bought
     H100 gangs for a floor 32 L40S nearly covered)."""
     spec = catalog.models[model]
+    mix = _floor_mix(catalog, model, d)
     offers, drain = [], {}
     for fname, par in sorted(spec.parallelism.items()):
         cap = d.capacity.get(fname)
@@ -379,7 +381,7 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
         got = _cached_shape(catalog, shapes, fname, par)
         if isinstance(got, str):
             continue
-        drain[fname] = drain_rps(catalog.profile(model, fname), d.mix, cap.batch)
+        drain[fname] = drain_rps(catalog.profile(model, fname), mix, cap.batch)
         offers += [(fname, ct, price, cap.rps, True) for ct, _, price in got[1]]
     value = {f: v for f, v in _flavor_values(catalog, offers).items() if drain.get(f, 0.0) > 0}
     if not value:
@@ -389,6 +391,15 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
     if floor <= d.rps:
         return d
     return replace(d, rps=floor, reason=f"{d.reason}, {floor:.2f} burst floor ({d.burst_rps:.1f} req/s bursts)")
+
+
+def _floor_mix(catalog: Catalog, model: str, d: Demand) -> RequestMix:
+    """The mix the burst floor's drain is counted in. The floor is an hour's worth of bursts: the mix the
+    model declares (the shape of its requests over hours), not the last few minutes'. On the Azure code
+    trace (x3) the latter's prompt mean swings +-25% minute to minute, and the floor's replica count with
+    it, resetting the scale-down timer whenever it crossed the hysteresis band (28 L40S held for a floor
+    of 19)."""
+    return prior_mix(catalog, model) if catalog.models[model].request_mix is not None else d.mix
 
 
 def _flavor_values(catalog: Catalog, offers: list[tuple[str, CapacityType, float, float, bool]]

@@ -6,7 +6,7 @@ from typing import Any
 
 from rayscale.config import load_catalog
 from rayscale.controller.loop import Controller, ControllerConfig
-from rayscale.core.burst import burst_rate
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate
 from rayscale.core.estimate import EstimateSettings, estimate
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.signals.window import RUNNING, TTFT, Scrape, labels
@@ -85,4 +85,5 @@ def test_arrivals_are_counted_per_period_for_the_burst_floor() -> None:
     sig = ctl._with_history(ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0, SHORT))
     assert estimate(cat, {"mistral-7b": sig})["mistral-7b"].burst_rps == 0.0
     on = estimate(cat, {"mistral-7b": sig}, settings=EstimateSettings(burst_floor=True))["mistral-7b"]
-    assert on.burst_rps == burst_rate(sig.arrival_counts, 5.0, cat.models["mistral-7b"].slo.ttft_p95_s, 0.99) > 2.0
+    assert on.burst_rps == burst_rate(sig.arrival_counts, 5.0, cat.models["mistral-7b"].slo.ttft_p95_s,
+                                      1 - BURST_BUDGET_SHARE * 0.01) > 2.0
