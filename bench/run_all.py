@@ -11,6 +11,7 @@ BENCHES = [
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
     ["bench.burst_floor", "--out", "bench/results/burst_floor.md"],
     ["bench.static_fleet", "--out", "bench/results/static_fleet.md"],
+    ["bench.scale_down_moves", "--out", "bench/results/scale_down_moves.md"],
     ["bench.mix_window", "--out", "bench/results/mix_window.md"],
     ["bench.chunk_choice", "--out", "bench/results/chunk_choice.md"],
     ["bench.capacity_error", "--out", "bench/results/capacity_error.md"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rayscale.config import load_catalog
 from rayscale.core.estimate import estimate
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
@@ -117,12 +119,35 @@ def test_scale_down_keeps_headroom_so_a_small_rise_does_not_order_a_replica_back
         assert (p2.replicas("mistral-7b") > after_down) == (headroom == 0), headroom
 
 
-def test_planner_settings_name_the_bad_field() -> None:
-    import pytest
+@pytest.mark.parametrize("solver", ["exact", "greedy"])
+def test_a_scale_down_moves_to_other_offerings_only_when_that_saves_enough(solver: str) -> None:
+    # 3 on-demand L40S for a demand that 2 L40S plus a cheaper replica (spot, inf2) would serve: dropping
+    # running replicas alone cannot go below 3; starting others saves about 40%.
+    cat = load_catalog().subset(["mistral-7b"], ["l40s", "inf2"])
+    mix = RequestMix(1571, 149, 5200)
+    run = {("mistral-7b", "l40s", "on-demand"): 3}
+    demand = estimate(cat, {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 7.0, mix)})
+    mem = PlannerMemory(last_change_s={"mistral-7b": -1e9}, below_since_s={"mistral-7b": -1e9})
+    plans = {}
+    for saving in (0.0, 0.3, 0.5, 0.99):
+        plans[saving], _ = plan(cat, demand, run, now=0.0, memory=mem,
+                                settings=PlannerSettings(scale_down_move_saving=saving, solver=solver))
+        assert not plans[saving].shortfalls
+    moved, kept = plans[0.0], plans[0.99]
+    assert kept.target() == run and "dropping running replicas only" in kept.entries[0].reason
+    assert set(moved.target()) - set(run)  # replicas on offerings that do not run now
+    s = 1 - moved.usd_per_h / kept.usd_per_h
+    assert 0.3 < s < 0.5
+    assert plans[0.3].target() == moved.target()  # saves more than asked: moves
+    assert plans[0.5].target() == run  # saves less than asked: drops nothing, as nothing can be dropped
+    assert f"would save {s:.0%}, under 50%" in plans[0.5].entries[0].reason
 
+
+def test_planner_settings_name_the_bad_field() -> None:
     for kw, msg in (({"hysteresis_band": 1.0}, "hysteresis_band must be < 1"),
                     ({"downscale_delay_s": -1.0}, "downscale_delay_s must be >= 0"),
                     ({"hysteresis_band": 0.0, "downscale_headroom": 0.1}, "downscale_headroom 0.1 must be <="),
-                    ({"solver": "fast"}, "solver must be auto, exact or greedy")):
+                    ({"solver": "fast"}, "solver must be auto, exact or greedy"),
+                    ({"scale_down_move_saving": 1.0}, "scale_down_move_saving must be < 1")):
         with pytest.raises(ValueError, match=msg):
             PlannerSettings(**kw)  # type: ignore[arg-type]
