@@ -426,8 +426,10 @@ def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed
     down = _solve(replace(problem, offerings=OfferingTable(
         offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb, ub,
         offs.unit)), settings)
+    # Any model: on a flavor with a device limit, what the freed models keep may be what another one needed.
     worse = any(down.unmet_rps.get(m, 0.0) > sol.unmet_rps.get(m, 0.0) + RPS_TOLERANCE
-                or down.missing_min.get(m, 0) > sol.missing_min.get(m, 0) for m in freed)
+                or down.missing_min.get(m, 0) > sol.missing_min.get(m, 0)
+                for m in set(down.unmet_rps) | set(down.missing_min))
     if worse or sol.usd_per_h < (1 - settings.scale_down_move_saving) * down.usd_per_h:
         return sol
     saving = 1 - sol.usd_per_h / down.usd_per_h if down.usd_per_h > 0 else 0.0

@@ -143,6 +143,26 @@ def test_a_scale_down_moves_to_other_offerings_only_when_that_saves_enough(solve
     assert f"would save {s:.0%}, under 50%" in plans[0.5].entries[0].reason
 
 
+def test_a_scale_down_moves_when_staying_would_starve_another_model() -> None:
+    # Four L40S devices in all: mistral runs 3 and could serve its smaller demand on inf2; qwen runs only on
+    # L40S and needs a second one. Staying put saves mistral a move but leaves qwen short: move anyway.
+    cat = load_catalog().subset(["mistral-7b", "qwen2-7b"], ["l40s", "inf2"])
+    l40s, qwen = cat.flavors["l40s"], cat.models["qwen2-7b"]
+    cat = cat.model_copy(update={
+        "flavors": {**cat.flavors, "l40s": l40s.model_copy(update={"limits": l40s.limits.model_copy(
+            update={"devices": 4})})},
+        "models": {**cat.models, "qwen2-7b": qwen.model_copy(update={"parallelism": {"l40s": qwen.parallelism["l40s"]}})}})
+    mix = RequestMix(1571, 149, 5200)
+    sig = {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 7.0, mix),
+           "qwen2-7b": ModelSignals("qwen2-7b", Freshness.FRESH, 1.0, 5.0, mix)}
+    run = {("mistral-7b", "l40s", "on-demand"): 3, ("qwen2-7b", "l40s", "on-demand"): 1}
+    mem = PlannerMemory(last_change_s={"mistral-7b": -1e9, "qwen2-7b": -1e9}, below_since_s={"mistral-7b": -1e9})
+    p, _ = plan(cat, estimate(cat, sig), run, now=0.0, memory=mem,
+                settings=PlannerSettings(scale_down_move_saving=0.99, solver="exact"))
+    assert not p.shortfalls
+    assert p.replicas("qwen2-7b") >= 2 and any(e.flavor == "inf2" for e in p.entries if e.model == "mistral-7b")
+
+
 def test_planner_settings_name_the_bad_field() -> None:
     for kw, msg in (({"hysteresis_band": 1.0}, "hysteresis_band must be < 1"),
                     ({"downscale_delay_s": -1.0}, "downscale_delay_s must be >= 0"),
