@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import functools
 import platform
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -36,6 +35,7 @@ import numpy as np
 
 import rayscale.core.estimate as estimate_mod
 import rayscale.core.plan as plan_mod
+from bench.common import span
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
 from rayscale.core.burst import BURST_BUDGET_SHARE
@@ -115,11 +115,6 @@ def one(i: int, seed: int, mode: str) -> dict[str, Any]:
     return out
 
 
-def _span(xs: list[float], pct: bool) -> str:
-    f = (lambda x: f"{100 * x:.2f}%") if pct else (lambda x: f"{x:.2f}")
-    return f"{f(min(xs))} / {f(statistics.mean(xs))} / {f(max(xs))}"
-
-
 def plot(res: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -161,8 +156,8 @@ def main() -> int:
         for mode in MODES:
             rows = [r for r in res if r["case"] == i and r["mode"] == mode]
             summary.append([SHORT[i], mode, len(rows),
-                            _span([r["steady_slo"] for r in rows], True), _span([r["steady_usd"] for r in rows], False),
-                            _span([r["cold_slo"] for r in rows], True), _span([r["cold_usd"] for r in rows], False)])
+                            span([r["steady_slo"] for r in rows], True), span([r["steady_usd"] for r in rows], False),
+                            span([r["cold_slo"] for r in rows], True), span([r["cold_usd"] for r in rows], False)])
             for r in rows:
                 detail.append([SHORT[i], r["seed"], mode, f"{100 * r['steady_slo']:.2f}%", round(r["steady_usd"], 2),
                                round(r["steady_ttft95"], 3), round(r["steady_tpot95"], 3), r["steady_ups"],

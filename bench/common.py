@@ -1,9 +1,11 @@
-"""What every benchmark report states about where it ran: CPU, cores, memory, OS, and the code's git state."""
+"""What every benchmark report states about where it ran (CPU, cores, memory, OS, the code's git state), and
+the min / mean / max of runs over seeds."""
 
 from __future__ import annotations
 
 import os
 import platform
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -39,3 +41,9 @@ def machine(with_git: bool = True) -> str:
     if with_git:
         line += f"; rayscale git {git_state()}; {time.strftime('%Y-%m-%d %H:%M %Z')}"
     return line
+
+
+def span(xs: list[float], pct: bool) -> str:
+    """min / mean / max of a bench's runs over seeds, as percentages or to two decimals."""
+    f = (lambda x: f"{100 * x:.2f}%") if pct else (lambda x: f"{x:.2f}")
+    return f"{f(min(xs))} / {f(statistics.mean(xs))} / {f(max(xs))}"

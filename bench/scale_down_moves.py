@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.common import span
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
 from rayscale.sim.policies import RayscalePolicy, make_policy
@@ -55,11 +55,6 @@ def one(i: int, saving: float, seed: int) -> dict[str, Any]:
                for k, v in (("slo", r.slo_attainment), ("usd", r.cost_usd), ("ups", r.scale_up_events))}}
 
 
-def _span(xs: list[float], pct: bool) -> str:
-    f = (lambda x: f"{100 * x:.2f}%") if pct else (lambda x: f"{x:.2f}")
-    return f"{f(min(xs))} / {f(statistics.mean(xs))} / {f(max(xs))}"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -78,9 +73,9 @@ def main() -> int:
     for i in range(len(CASES)):
         for v in savings:
             rows = [r for r in res if r["case"] == i and r["saving"] == v]
-            summary.append([SHORT[i], f"{v:g}", len(rows), _span([r["steady_slo"] for r in rows], True),
-                            _span([r["steady_usd"] for r in rows], False), _span([r["cold_slo"] for r in rows], True),
-                            _span([r["cold_usd"] for r in rows], False)])
+            summary.append([SHORT[i], f"{v:g}", len(rows), span([r["steady_slo"] for r in rows], True),
+                            span([r["steady_usd"] for r in rows], False), span([r["cold_slo"] for r in rows], True),
+                            span([r["cold_usd"] for r in rows], False)])
             detail += [[SHORT[i], r["seed"], f"{v:g}", f"{100 * r['steady_slo']:.2f}%", round(r["steady_usd"], 2),
                         r["steady_ups"], f"{100 * r['cold_slo']:.2f}%", round(r["cold_usd"], 2), r["cold_ups"]]
                        for r in rows]
