@@ -8,9 +8,12 @@ What it writes (paths relative to ``--out``, checked in; a test keeps them equal
 - ``nodepools/<flavor>.yaml``: one pool per GPU flavor; ``nodepools/neuron.yaml``: one pool for trn1
   and inf2. Requirements (instance types, zones, capacity types), taints and ``limits`` come from the
   catalog; ``expireAfter: Never``.
-- ``deployments/k8s/raycluster.yaml``: the RayCluster the actuator drives; ``rayservice.yaml``: the
-  same cluster as a RayService with ``serveConfigV2`` (apply one of the two, not both);
-  ``controller.yaml``: namespace, ServiceAccount, least-privilege RBAC and the controller Deployment.
+- ``deployments/k8s/rayservice.yaml``: the RayService with ``serveConfigV2`` (its rayscale applications
+  merged into one application ``llm`` at "/", ``external_scaler_enabled: true``); ``controller.yaml``:
+  namespace, ServiceAccount, least-privilege RBAC and the controller Deployment, which runs
+  ``rayscale controller --rayservice`` against that RayService. ``raycluster.yaml``: the same cluster as
+  a plain RayCluster, for ``rayscale controller --raycluster`` with Serve deployed by hand (apply one of
+  the two, not both).
 
 Design: who creates and who removes accelerator nodes.
 
@@ -36,6 +39,7 @@ Design: who creates and who removes accelerator nodes.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -338,25 +342,77 @@ def serve_config_from_catalog(catalog: Catalog) -> Obj:
             })
         if flavors:
             models.append({"name": m.name, "engine": "vllm", "source": m.model, "flavors": flavors})
-    args = {"app_name": "llm", "models": models}
+    args = {"app_name": LLM_APP, "models": models}
     parse_app_args(args, "<catalog>")  # the app's own validation, before it reaches a cluster
-    return {
-        "proxy_location": "EveryNode",
-        "http_options": {"host": "0.0.0.0", "port": 8000},
-        "applications": [
-            {"name": "llm", "route_prefix": "/", "import_path": "rayscale.serve.app:build_app", "args": args}
-        ],
-    }
+    return _serve_config([_llm_app(args, [])])
+
+
+# The one rayscale application of a rendered serve config: one OpenAI ingress for every model at "/"
+# (Serve allows one application per route prefix; the ingress routes by the request's model).
+LLM_APP = "llm"
+_SERVE_TOP: Obj = {"proxy_location": "EveryNode", "http_options": {"host": "0.0.0.0", "port": 8000}}
+# Application fields the merged application takes from its sources; the others must agree.
+_MERGED_KEYS = {"name", "route_prefix", "import_path", "args", "deployments", "external_scaler_enabled"}
+
+
+def _llm_app(args: Obj, deployments: list[Obj]) -> Obj:
+    app: Obj = {"name": LLM_APP, "route_prefix": "/", "import_path": "rayscale.serve.app:build_app",
+                # The controller sets replica counts through Serve's scale API, which needs this.
+                "external_scaler_enabled": True, "args": args}
+    if deployments:
+        app["deployments"] = deployments
+    return app
+
+
+def _serve_config(apps: list[Obj]) -> Obj:
+    return {**copy.deepcopy(_SERVE_TOP), "applications": apps}
+
+
+def _shared(app: Obj) -> Obj:
+    """The parts of a rayscale application the merged one keeps as written: its sources must agree on them."""
+    return {"args.ingress": (app.get("args") or {}).get("ingress"),
+            **{k: v for k, v in app.items() if k not in _MERGED_KEYS}}
+
+
+def _merge_rayscale_apps(apps: list[tuple[str, Obj]]) -> Obj:
+    """One application from the rayscale applications of several files: their models and deployment
+    overrides side by side (AppConfig then rejects a model named twice)."""
+    from rayscale.serve.config import ConfigError
+
+    first_src, first = apps[0]
+    shared = _shared(first)
+    for src, app in apps[1:]:
+        if _shared(app) != shared:
+            raise ConfigError(f"{src}: applications.{app.get('name')}: args.ingress and the fields other than "
+                              f"{sorted(_MERGED_KEYS)} must equal those of {first_src}'s application: the "
+                              f"rayscale applications become one application {LLM_APP!r}")
+    args: Obj = {"app_name": LLM_APP, "models": [m for _, a in apps for m in a["args"].get("models") or []]}
+    ingress = shared.pop("args.ingress")
+    if ingress is not None:
+        args["ingress"] = ingress
+    return {**_llm_app(args, [d for _, a in apps for d in a.get("deployments") or []]), **shared}
 
 
 def serve_config_from_files(paths: Iterable[str | Path]) -> Obj:
-    """The `applications` of every given serve config, one Serve config for the cluster."""
-    apps: list[Obj] = []
+    """One Serve config for the cluster from the given files: their rayscale applications become one
+    application ``llm`` at "/" (as serve_config_from_catalog's), other applications are kept as written."""
+    from rayscale.serve.config import RAYSCALE_IMPORT_PREFIX
+
+    ours: list[tuple[str, Obj]] = []
+    others: list[Obj] = []
     for p in paths:
         doc = yaml.safe_load(Path(p).read_text()) or {}
-        apps.extend(doc.get("applications") or [])
-    return {"proxy_location": "EveryNode", "http_options": {"host": "0.0.0.0", "port": 8000},
-            "applications": apps}
+        for app in doc.get("applications") or []:
+            if str(app.get("import_path", "")).startswith(RAYSCALE_IMPORT_PREFIX):
+                ours.append((str(p), app))
+            else:
+                others.append(app)
+    return _serve_config(([_merge_rayscale_apps(ours)] if ours else []) + others)
+
+
+def shipped_serve_configs(root: str | Path) -> list[Path]:
+    """Every serve config shipped in deployments/ (local ones too): each must load on a real Serve."""
+    return sorted((Path(root) / "deployments").glob("*.yaml"))
 
 
 def default_serve_configs(root: str | Path) -> list[Path]:
@@ -387,6 +443,23 @@ def render_ray(catalog: Catalog, settings: RenderSettings) -> dict[str, list[Obj
             }
         ],
     }
+
+
+def check_serve_configs(files: dict[str, str]) -> list[str]:
+    """Every serveConfigV2 among rendered files, checked as Ray Serve (via KubeRay) would load it plus
+    rayscale's rules (rayscale.serve.config.validate_serve_config): one message per invalid config."""
+    from rayscale.serve.config import ConfigError, validate_serve_config
+
+    errors = []
+    for rel, text in files.items():
+        for doc in yaml.safe_load_all(text):
+            if doc and doc.get("kind") == "RayService":
+                src = f"{rel}: RayService {doc['metadata']['name']} spec.serveConfigV2"
+                try:
+                    validate_serve_config(yaml.safe_load(doc["spec"]["serveConfigV2"]), src)
+                except (ConfigError, yaml.YAMLError) as e:
+                    errors.append(str(e))
+    return errors
 
 
 # --- the controller ---------------------------------------------------------------------------------
@@ -447,8 +520,12 @@ def render_controller(settings: RenderSettings) -> dict[str, list[Obj]]:
                                     "args": [
                                         "--actuator", "kube",
                                         "--namespace", ns,
-                                        "--raycluster", settings.raycluster,
+                                        # The RayService rendered beside it (same name): the controller
+                                        # follows the cluster its status names through upgrades.
+                                        "--rayservice", settings.raycluster,
+                                        # KubeRay's RayService head Service points at the active cluster.
                                         "--dashboard", f"http://{settings.raycluster}-head-svc.{ns}:8265",
+                                        "--app", LLM_APP,
                                     ],
                                     "resources": {
                                         "limits": {"cpu": "1", "memory": "1Gi"},

@@ -10,8 +10,10 @@ Serve still owns replica placement, health checks and graceful shutdown (drainin
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,12 +45,41 @@ class ServeClientError(RuntimeError):
     pass
 
 
-class ServeClient:
-    """Thin HTTP client of the Ray dashboard's Serve endpoints (bounded timeouts, no retries hidden)."""
+def ray_auth_token() -> str | None:
+    """The token Ray's own clients send to a cluster with token auth (``RAY_AUTH_MODE=token``), found where
+    Ray's AuthenticationTokenLoader looks, in its order: ``RAY_AUTH_TOKEN``, else the file
+    ``RAY_AUTH_TOKEN_PATH`` names (an error if unreadable or empty, as in Ray), else ``~/.ray/auth_token``.
+    None: no token configured."""
+    env = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    if env:
+        return env
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as e:
+            raise ServeClientError(f"RAY_AUTH_TOKEN_PATH is set but cannot be read: {e}") from e
+        if not token:
+            raise ServeClientError(f"RAY_AUTH_TOKEN_PATH is set but the file is empty: {path}")
+        return token
+    try:
+        return Path.home().joinpath(".ray", "auth_token").read_text().strip() or None
+    except (OSError, RuntimeError):  # no such file, or no home directory
+        return None
 
-    def __init__(self, dashboard_url: str, timeout_s: float = 5.0):
+
+class ServeClient:
+    """Thin HTTP client of the Ray dashboard's Serve endpoints (bounded timeouts, no retries hidden).
+
+    With a Ray auth token configured (``token``, else ray_auth_token()), every request carries
+    ``Authorization: Bearer <token>``, the header the dashboard's token middleware checks; a dashboard
+    without token auth ignores it."""
+
+    def __init__(self, dashboard_url: str, timeout_s: float = 5.0, token: str | None = None):
         self.url = dashboard_url.rstrip("/")
-        self._http = httpx.Client(timeout=timeout_s)
+        token = token or ray_auth_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self._http.close()

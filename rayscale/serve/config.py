@@ -201,39 +201,71 @@ class LoadedServeConfig(BaseModel):
     apps: dict[str, AppConfig]
 
 
-def load_serve_config(path: str | Path) -> LoadedServeConfig:
-    """Validate a serve config file with Ray Serve's schema and rayscale's; errors name file and field."""
+# Applications built by this import path are rayscale's: the controller sets their replica counts.
+RAYSCALE_IMPORT_PREFIX = "rayscale.serve.app:"
+
+
+def _ray_schema(raw: dict[str, Any], source: str) -> Any:
+    """Ray Serve's own validation of a serve config (what `serve deploy` and KubeRay's serveConfigV2 go
+    through); each error names the source and the field path."""
     from ray.serve.schema import ServeDeploySchema
 
+    try:
+        return ServeDeploySchema.model_validate(raw)
+    except ValidationError as e:  # Ray 2.60's schema is pydantic v2
+        lines = [f"{source}: not a valid Ray Serve config"]
+        for err in e.errors():
+            loc = ".".join(str(x) for x in err["loc"]) or "<top level>"
+            lines.append(f"  {loc}: {err['msg']}")
+        raise ConfigError("\n".join(lines)) from e
+
+
+def _check_rayscale_app(app: dict[str, Any], i: int, source: str) -> AppConfig:
+    """rayscale's rules for one of its applications, beyond Ray's schema."""
+    where = f"{source}: applications.{i}"
+    # Serve's scale endpoint (POST /api/v1/applications/{app}/deployments/{dep}/scale) answers 412 for an
+    # application deployed without it, so the controller could never set a replica count.
+    if app.get("external_scaler_enabled") is not True:
+        raise ConfigError(f"{where}.external_scaler_enabled: must be true (the rayscale controller sets "
+                          f"replica counts through Serve's external scaler API)")
+    try:
+        cfg = AppConfig.model_validate(app.get("args") or {})
+    except ValidationError as e:
+        raise ConfigError(_fmt_errors(source, e, prefix=f"applications.{i}.args.")) from e
+    name = app.get("name", "default")
+    # The controller writes flavor weights under the Serve application name; the ingress reads them
+    # under args.app_name: apart, weights never reach the ingress.
+    if cfg.app_name != name:
+        raise ConfigError(f"{where}.args.app_name: {cfg.app_name!r} must equal the application name {name!r}")
+    known = {deployment_name(m.name, f.flavor) for m in cfg.models for f in m.flavors} | {"ingress"}
+    for j, d in enumerate(app.get("deployments") or []):
+        if d.get("name") not in known:
+            raise ConfigError(
+                f"{where}.deployments.{j}.name: {d.get('name')!r} is not a deployment "
+                f"of this app (known: {sorted(known)})"
+            )
+    return cfg
+
+
+def validate_serve_config(raw: Any, source: str) -> LoadedServeConfig:
+    """Check a parsed serve config as the servers that load it would: Ray Serve's ServeDeploySchema, then
+    for every rayscale application ``external_scaler_enabled: true`` and its ``args`` as AppConfig. Errors
+    are ConfigError naming ``source`` and the field."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: top level must be a mapping")
+    schema = _ray_schema(raw, source)
+    apps: dict[str, AppConfig] = {}
+    for i, app in enumerate(raw.get("applications") or []):
+        if str(app.get("import_path", "")).startswith(RAYSCALE_IMPORT_PREFIX):
+            apps[app.get("name", "default")] = _check_rayscale_app(app, i, source)
+    return LoadedServeConfig(path=source, serve=schema, apps=apps)
+
+
+def load_serve_config(path: str | Path) -> LoadedServeConfig:
+    """Read and validate a serve config file (validate_serve_config); errors name file and field."""
     p = str(path)
     try:
         raw = yaml.safe_load(Path(p).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"{p}: cannot read YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: top level must be a mapping")
-    try:
-        schema = (
-            ServeDeploySchema.model_validate(raw)
-            if hasattr(ServeDeploySchema, "model_validate")
-            else (ServeDeploySchema.parse_obj(raw))
-        )
-    except Exception as e:  # pydantic v1 or v2 ValidationError, depending on Ray's shim
-        raise ConfigError(f"{p}: not a valid Ray Serve config: {e}") from e
-    apps: dict[str, AppConfig] = {}
-    for i, app in enumerate(raw.get("applications") or []):
-        if not str(app.get("import_path", "")).startswith("rayscale.serve.app:"):
-            continue
-        try:
-            cfg = AppConfig.model_validate(app.get("args") or {})
-        except ValidationError as e:
-            raise ConfigError(_fmt_errors(p, e, prefix=f"applications.{i}.args.")) from e
-        known = {deployment_name(m.name, f.flavor) for m in cfg.models for f in m.flavors} | {"ingress"}
-        for j, d in enumerate(app.get("deployments") or []):
-            if d.get("name") not in known:
-                raise ConfigError(
-                    f"{p}: applications.{i}.deployments.{j}.name: {d.get('name')!r} is not a deployment "
-                    f"of this app (known: {sorted(known)})"
-                )
-        apps[app.get("name", "default")] = cfg
-    return LoadedServeConfig(path=p, serve=schema, apps=apps)
+    return validate_serve_config(raw, p)

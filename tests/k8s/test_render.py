@@ -11,9 +11,17 @@ import pytest
 import yaml
 
 from rayscale.cluster import crdschema
-from rayscale.cluster.render import RenderSettings, default_serve_configs, render
+from rayscale.cluster.render import (
+    LLM_APP,
+    RenderSettings,
+    check_serve_configs,
+    default_serve_configs,
+    render,
+    serve_config_from_files,
+)
 from rayscale.commands import render as render_cmd
 from rayscale.core.catalog import AcceleratorKind, Catalog
+from rayscale.serve.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -136,3 +144,120 @@ def test_cli_writes_and_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert run("--out", str(out), "--check", "--no-validate") == 0
     (out / "nodepools/a10g.yaml").write_text("# edited\n")
     assert run("--out", str(out), "--check", "--no-validate") == 1
+
+
+@pytest.fixture(scope="module")
+def catalog_files(catalog: Catalog) -> dict[str, str]:
+    """What render writes with no serve config files: one generated from the catalog."""
+    return render(catalog, RenderSettings())
+
+
+def serve_config(files: dict[str, str]) -> dict[str, Any]:
+    (svc,) = by_kind(files, "RayService")
+    return dict(yaml.safe_load(svc["spec"]["serveConfigV2"]))
+
+
+@pytest.mark.parametrize("which", ["files", "catalog_files"])
+def test_every_rendered_serve_config_is_what_ray_serve_accepts_and_rayscale_can_scale(
+        which: str, request: pytest.FixtureRequest) -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    files = request.getfixturevalue(which)
+    schema = ServeDeploySchema.model_validate(serve_config(files))  # Ray's own code, as KubeRay submits it
+    (app,) = schema.applications
+    assert (app.name, app.route_prefix, app.args["app_name"]) == (LLM_APP, "/", LLM_APP)
+    assert app.external_scaler_enabled is True  # else Serve's scale API answers 412
+    assert check_serve_configs(files) == []
+
+
+def test_shipped_configs_become_one_app_with_every_model_and_override() -> None:
+    cfg = serve_config_from_files(default_serve_configs(REPO))
+    (app,) = cfg["applications"]
+    assert [m["name"] for m in app["args"]["models"]] == ["mistral-7b", "qwen2-7b"]
+    assert [d["name"] for d in app["deployments"]] == ["mistral-7b--a10g", "qwen2-7b--a10g"]
+
+
+def _serve_file(tmp_path: Path, name: str, mutate: Any) -> Path:
+    raw = yaml.safe_load((REPO / "deployments" / "mistral-7b.yaml").read_text())
+    mutate(raw["applications"][0])
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+def test_files_whose_apps_cannot_become_one_are_refused(tmp_path: Path) -> None:
+    a = _serve_file(tmp_path, "a.yaml", lambda app: None)
+
+    def other_ingress(app: dict[str, Any]) -> None:
+        app["args"]["ingress"] = {"num_replicas": 2}
+        app["args"]["models"][0]["name"] = "other"
+
+    b = _serve_file(tmp_path, "b.yaml", other_ingress)
+    with pytest.raises(ConfigError, match=rf"^{b}: applications\.mistral-7b: args\.ingress"):
+        serve_config_from_files([a, b])
+
+
+def test_check_catches_a_duplicate_route_prefix_in_a_rendered_rayservice(files: dict[str, str]) -> None:
+    (svc,) = by_kind(files, "RayService")
+    cfg = serve_config(files)
+    twin = copy.deepcopy(cfg["applications"][0])
+    twin["name"] = twin["args"]["app_name"] = "twin"  # a second application at "/", as render once wrote
+    cfg["applications"].append(twin)
+    svc["spec"]["serveConfigV2"] = yaml.safe_dump(cfg)
+    (err,) = check_serve_configs({"x.yaml": yaml.safe_dump(svc)})
+    assert err.startswith("x.yaml: RayService rayscale spec.serveConfigV2: not a valid Ray Serve config")
+    assert 'Found duplicate applications for route prefix "/"' in err
+
+
+def test_the_controller_deployment_follows_the_rendered_rayservice(files: dict[str, str]) -> None:
+    (svc,) = by_kind(files, "RayService")
+    (dep,) = by_kind(files, "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    name = svc["metadata"]["name"]
+    assert args[args.index("--rayservice") + 1] == name and "--raycluster" not in args
+    # KubeRay's RayService head Service, which follows the active cluster.
+    assert args[args.index("--dashboard") + 1] == f"http://{name}-head-svc.{svc['metadata']['namespace']}:8265"
+    assert args[args.index("--app") + 1] == LLM_APP
+    # The controller's own parser takes these args.
+    from rayscale.commands import controller as controller_cmd
+
+    parser = argparse.ArgumentParser()
+    controller_cmd.register(parser.add_subparsers())
+    parsed = parser.parse_args(container["command"][1:] + args)
+    assert (parsed.rayservice, parsed.actuator, parsed.app) == (name, "kube", LLM_APP)
+
+
+def _cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    render_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["render", *argv])
+    return int(args.handler(args))
+
+
+def test_cli_check_validates_serve_configs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(REPO)  # shipped serve configs come from ./deployments
+    assert _cli("--out", str(REPO), "--check") == 0  # checked-in files valid and current
+    capsys.readouterr()
+
+    def unflagged(app: dict[str, Any]) -> None:
+        del app["external_scaler_enabled"]
+
+    bad = _serve_file(tmp_path, "unflagged.yaml", unflagged)
+    assert _cli("--out", str(tmp_path), "--check", "--serve-config", str(bad)) == 1
+    err = capsys.readouterr().err
+    assert f"invalid: {bad}: applications.0.external_scaler_enabled: must be true" in err
+    assert "stale:" not in err  # validation fails before the comparison
+
+    def at_root(app: dict[str, Any]) -> None:  # not rayscale's: kept as is, beside the merged app at "/"
+        app.update(name="other", import_path="my.module:app", args={})
+        app.pop("deployments")
+
+    other = _serve_file(tmp_path, "other.yaml", at_root)
+    good = REPO / "deployments" / "mistral-7b.yaml"
+    assert _cli("--out", str(tmp_path), "--serve-config", str(good), "--serve-config", str(other)) == 1
+    err = capsys.readouterr().err
+    assert "invalid: deployments/k8s/rayservice.yaml: RayService rayscale spec.serveConfigV2" in err
+    assert 'Found duplicate applications for route prefix "/"' in err
+    assert not (tmp_path / "deployments").exists()  # nothing written

@@ -3,16 +3,35 @@
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from rayscale.serve.config import ConfigError, deployment_name, load_serve_config
+from rayscale.serve.config import ConfigError, deployment_name, load_serve_config, validate_serve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = ["mistral-7b.yaml", "qwen2-7b.yaml"]
+SHIPPED = sorted(p.name for p in (ROOT / "deployments").glob("*.yaml"))
+
+
+def test_the_list_above_is_every_shipped_config() -> None:
+    assert set(SHIPPED) == {"local-tiny.yaml", *GPU_CONFIGS}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_ray_serve_itself_accepts_every_shipped_config_and_lets_rayscale_scale_it(name: str) -> None:
+    """Ray's own schema on the raw file (what `serve deploy` and KubeRay run), not rayscale's wrapper; and
+    Serve's scale API answers 412 for an application without external_scaler_enabled."""
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = yaml.safe_load((ROOT / "deployments" / name).read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    ours = [a for a in schema.applications if a.import_path.startswith("rayscale.serve.app:")]
+    assert ours and all(a.external_scaler_enabled for a in ours)
+    assert all(a.args["app_name"] == a.name for a in ours)  # the weight store's key on both sides
 
 
 @pytest.mark.parametrize("name", ["local-tiny.yaml", *GPU_CONFIGS])
@@ -101,6 +120,53 @@ def test_bad_config_errors_name_file_and_field(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="not a valid Ray Serve config"):
         load_serve_config(_write(tmp_path, not_serve))
+
+
+def test_a_duplicate_route_prefix_is_rejected_by_rays_schema(tmp_path: Path) -> None:
+    def second_app_at_root(raw: dict) -> None:
+        twin = copy.deepcopy(raw["applications"][0])
+        twin["name"] = twin["args"]["app_name"] = "twin"
+        raw["applications"].append(twin)
+
+    p = _write(tmp_path, second_app_at_root)
+    with pytest.raises(ConfigError) as e:
+        load_serve_config(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: not a valid Ray Serve config")
+    assert 'applications: Value error, Found duplicate applications for route prefix "/"' in msg
+
+    def twin_elsewhere(raw: dict) -> None:
+        second_app_at_root(raw)
+        raw["applications"][1]["route_prefix"] = "/twin"
+
+    assert set(load_serve_config(_write(tmp_path, twin_elsewhere)).apps) == {"default", "twin"}
+
+
+@pytest.mark.parametrize("value", [None, False])
+def test_a_rayscale_app_without_the_external_scaler_flag_is_rejected(tmp_path: Path, value: bool | None) -> None:
+    def unset(raw: dict) -> None:
+        if value is None:
+            del raw["applications"][0]["external_scaler_enabled"]
+        else:
+            raw["applications"][0]["external_scaler_enabled"] = value
+
+    p = _write(tmp_path, unset)
+    with pytest.raises(ConfigError) as e:
+        load_serve_config(p)
+    assert str(e.value).startswith(f"{p}: applications.0.external_scaler_enabled: must be true")
+    # Ray's schema alone accepts it: the rule is rayscale's, for Serve's scale API.
+    from ray.serve.schema import ServeDeploySchema
+
+    ServeDeploySchema.model_validate(yaml.safe_load(p.read_text()))
+
+
+def test_other_applications_need_no_flag_and_app_name_must_match(tmp_path: Path) -> None:
+    raw = yaml.safe_load((ROOT / "deployments" / "local-tiny.yaml").read_text())
+    raw["applications"].append({"name": "other", "route_prefix": "/other", "import_path": "my.module:app"})
+    assert set(validate_serve_config(raw, "<mem>").apps) == {"default"}
+    raw["applications"][0]["args"]["app_name"] = "elsewhere"
+    with pytest.raises(ConfigError, match=r"^<mem>: applications\.0\.args\.app_name: 'elsewhere'"):
+        validate_serve_config(raw, "<mem>")
 
 
 def test_cli_check_validates(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
