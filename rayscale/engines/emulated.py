@@ -92,6 +92,48 @@ class EngineOverloaded(Exception):
     """A request can never fit: its prompt + max_tokens exceed the KV capacity or max_model_len."""
 
 
+class ContextLengthExceeded(EngineOverloaded):
+    """vLLM's 400 for a request longer than max_model_len; the text and ``param`` are vLLM's own."""
+
+    def __init__(self, message: str, param: str, value: int) -> None:
+        # vLLM's VLLMValidationError appends the parameter and value to its message the same way.
+        super().__init__(f"{message} (parameter={param}, value={value})")
+        self.param = param
+        self.value = value
+
+
+def fit_max_tokens(
+    max_model_len: int, prompt_tokens: int, max_tokens: int | None, max_tokens_param: str = "max_tokens"
+) -> int:
+    """The length checks vLLM 0.32's OpenAI server makes, and the max_tokens it then generates up to.
+
+    As vLLM (renderers/params.py, entrypoints/serve/utils/api_utils.get_max_tokens): max_tokens over
+    max_model_len and a prompt over max_model_len are rejected; a prompt that fits but leaves less room
+    than max_tokens is not rejected, its output stops at max_model_len (finish_reason "length").
+    """
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise ContextLengthExceeded(
+            f"{max_tokens_param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            max_tokens_param,
+            max_tokens,
+        )
+    if prompt_tokens > max_model_len:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+            f"contains {prompt_tokens} input tokens, which exceeds this limit even without any output "
+            "tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+            prompt_tokens,
+        )
+    room = max_model_len - prompt_tokens
+    fitted = room if max_tokens is None else min(max_tokens, room)
+    if fitted < 1:
+        # A prompt of exactly max_model_len leaves no room; vLLM's SamplingParams says so this way.
+        raise ContextLengthExceeded(f"max_tokens must be at least 1, got {fitted}.", "max_tokens", fitted)
+    return fitted
+
+
 @dataclass
 class TokenChunk:
     """Tokens produced since the last chunk; ``finish_reason`` set on the last one."""
@@ -168,10 +210,13 @@ class EmulatedEngine:
 
     def check(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens + max_tokens > self.max_model_len:
-            raise EngineOverloaded(
+            # Servers fit max_tokens first (fit_max_tokens); this guards direct callers.
+            raise ContextLengthExceeded(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                 f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-                f"{max_tokens} in the completion)."
+                f"{max_tokens} in the completion).",
+                "max_tokens",
+                max_tokens,
             )
         if prompt_tokens + max_tokens > self.profile.kv_tokens:
             raise EngineOverloaded(

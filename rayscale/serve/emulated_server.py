@@ -13,7 +13,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from rayscale.engines.emulated import EmulatedEngine, EngineOverloaded, TokenChunk, count_tokens
+from rayscale.engines.emulated import (
+    ContextLengthExceeded,
+    EmulatedEngine,
+    EngineOverloaded,
+    TokenChunk,
+    count_tokens,
+    fit_max_tokens,
+)
 from rayscale.engines.profile import EmulatedProfile
 
 
@@ -73,11 +80,13 @@ class EmulatedLLMServer:
         return {"waiting": e.num_waiting, "running": e.num_running, "kv_usage": e.kv_usage}
 
     def _max_tokens(self, request: Any, prompt_tokens: int) -> int:
-        mt = _get(request, "max_completion_tokens") or _get(request, "max_tokens")
+        """max_tokens as vLLM runs it (default and clamp: the room the context leaves), or its 400."""
+        param, mt = "max_completion_tokens", _get(request, "max_completion_tokens")
         if mt is None:
-            # vLLM's default: whatever room the context leaves.
-            mt = max(1, self.engine.max_model_len - prompt_tokens)
-        return int(mt)
+            param, mt = "max_tokens", _get(request, "max_tokens")
+        return fit_max_tokens(
+            self.engine.max_model_len, prompt_tokens, None if mt is None else int(mt), param
+        )
 
     async def chat(self, request: Any, raw_request_info: Any = None) -> AsyncIterator[Any]:
         messages = _get(request, "messages") or []
@@ -99,9 +108,12 @@ class EmulatedLLMServer:
             yield item
 
     async def _run(self, request: Any, prompt_tokens: int, chat: bool) -> AsyncIterator[Any]:
-        max_tokens = self._max_tokens(request, prompt_tokens)
         try:
+            max_tokens = self._max_tokens(request, prompt_tokens)
             self.engine.check(prompt_tokens, max_tokens)
+        except ContextLengthExceeded as e:
+            yield error_body(str(e), 400, "BadRequestError", e.param)
+            return
         except EngineOverloaded as e:
             yield error_body(str(e), 400, "BadRequestError", "max_tokens")
             return

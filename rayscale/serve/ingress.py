@@ -1,31 +1,28 @@
 """The one OpenAI-compatible ingress: routes by model name, then spreads over flavors by weight.
 
-Extends Ray Serve LLM's ``OpenAiIngress`` (request models, SSE framing, error middleware) instead of
-rewriting it: only handle selection and response handling for the emulated engine's plain-JSON
-responses differ.
+Extends Ray Serve LLM's ``OpenAiIngress`` (request models, SSE framing) instead of rewriting it: handle
+selection, response handling for the emulated engine's plain-JSON responses and errors differ. Errors
+are vLLM's (rayscale.serve.errors): typed, short, without internals or the request echoed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 from typing import Any
 
-from fastapi import HTTPException, Request, status
+from fastapi import HTTPException, Request
 from ray.llm._internal.serve.constants import DEFAULT_LLM_ROUTER_HTTP_TIMEOUT
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
     ErrorResponse,
     ModelCard,
-    OpenAIHTTPException,
 )
 from ray.llm._internal.serve.core.ingress.ingress import (
     DEFAULT_ENDPOINTS,
     OpenAiIngress,
-    init,
     make_fastapi_ingress,
     router_request_timeout,
 )
@@ -34,12 +31,28 @@ from ray.llm._internal.serve.core.ingress.utils import (
     _openai_json_wrapper,
     _peek_at_generator,
 )
+from ray.llm._internal.serve.utils.server_utils import replace_prefix
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from rayscale.serve.errors import ApiError, make_app, openai_error_body
+from rayscale.serve.metrics import IngressMetrics
 from rayscale.serve.weights import get_store, pick_flavor, validate_weights
 
-logger = logging.getLogger("rayscale.ingress")
+
+def _engine_error(head: Any) -> ApiError | None:
+    """The error an engine answered with instead of a response (vLLM's ErrorResponse or a JSON body)."""
+    if isinstance(head, ErrorResponse):
+        return ApiError(int(head.error.code), head.error.message, head.error.param)
+    if isinstance(head, dict) and isinstance(head.get("error"), dict):
+        err = head["error"]
+        return ApiError(int(err.get("code") or 400), str(err.get("message", "")), err.get("param"))
+    return None
+
+
+def is_length_rejection(e: ApiError) -> bool:
+    """vLLM's 400s for a prompt or max_tokens over max_model_len (its messages name one or the other)."""
+    return e.status_code == 400 and ("maximum context length" in e.message or "max_model_len" in e.message)
 
 
 class RayscaleIngress(OpenAiIngress):
@@ -67,6 +80,7 @@ class RayscaleIngress(OpenAiIngress):
         self.routed: dict[str, dict[str, int]] = {
             m: dict.fromkeys(f, 0) for m, f in flavor_deployments.items()
         }
+        self._metrics = IngressMetrics()
 
     # --- weights ---------------------------------------------------------------------------------
     async def _refresh_loop(self) -> None:
@@ -104,25 +118,23 @@ class RayscaleIngress(OpenAiIngress):
 
     # --- routing -----------------------------------------------------------------------------------
     async def _get_model_id(self, model: str | None) -> str:
-        # FastAPI renders a plain HTTPException as {"detail": ...}; OpenAIHTTPException goes through
-        # Ray LLM's error middleware, which writes the OpenAI {"error": {...}} body.
         try:
             return str(await super()._get_model_id(model))
         except HTTPException as e:
-            raise OpenAIHTTPException(
-                status_code=e.status_code,
-                message=str(e.detail),
-                type="NotFoundError" if e.status_code == 404 else "BadRequestError",
-            ) from e
+            # vLLM's words for an unknown model (the parent's speak of Ray's internal base-model lookup).
+            message = f"The model `{model}` does not exist." if e.status_code == 404 else str(e.detail)
+            raise ApiError(e.status_code, message, param="model") from None
+
+    async def model_data(self, model: str) -> ModelCard:
+        card = await self.model(replace_prefix(model))
+        if card is None:
+            raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+        return card
 
     def _get_configured_serve_handle(self, model_id: str) -> DeploymentHandle:
         self._ensure_refresher()
         if model_id not in self._flavors:
-            raise OpenAIHTTPException(
-                status_code=status.HTTP_404_NOT_FOUND,
-                message=f'Could not find model with id "{model_id}".',
-                type="NotFoundError",
-            )
+            raise ApiError(404, f"The model `{model_id}` does not exist.", param="model")
         flavor = pick_flavor(self._weights[model_id], self._rng)
         self.routed[model_id][flavor] += 1
         key = (model_id, flavor)
@@ -130,41 +142,26 @@ class RayscaleIngress(OpenAiIngress):
             self._streaming[key] = self._flavors[model_id][flavor].options(stream=True)
         return self._streaming[key]
 
-    def _check_request(self, body: Any) -> None:
-        """Rejections vLLM would not make itself, or that the emulated engine needs the ingress to make."""
+    @staticmethod
+    def _check_request(body: Any) -> None:
+        """Rejections vLLM would not make itself. Lengths are the engines' to check (both do, as vLLM)."""
         if isinstance(body, ChatCompletionRequest) and not body.messages:
-            raise OpenAIHTTPException(
-                status_code=status.HTTP_400_BAD_REQUEST,
-                message="'messages' must contain at least one message",
-                type="BadRequestError",
-            )
-        limit = self._max_model_len.get(body.model or "")
-        mt = getattr(body, "max_completion_tokens", None) or getattr(body, "max_tokens", None)
-        if limit is not None and mt is not None and mt > limit:
-            raise OpenAIHTTPException(
-                status_code=status.HTTP_400_BAD_REQUEST,
-                message=f"max_tokens={mt} is more than this model's maximum context length of {limit} tokens",
-                type="BadRequestError",
-            )
+            raise ApiError(400, "'messages' must contain at least one message", param="messages")
 
     async def _process_llm_request(
         self, body: Any, call_method: str, raw_request: Request | None = None
     ) -> Response:
-        await self._get_model_id(body.model)  # 404 for unknown models before anything else
+        model_id = await self._get_model_id(body.model)  # 404 for unknown models before anything else
         self._check_request(body)
         async with router_request_timeout(DEFAULT_LLM_ROUTER_HTTP_TIMEOUT):
             gen = self._get_response(body=body, call_method=call_method, raw_request=raw_request)
             first, gen = await _peek_at_generator(gen)
             head = first[0] if isinstance(first, list) and first else first
-            if isinstance(head, ErrorResponse):
-                raise OpenAIHTTPException(
-                    message=head.error.message, status_code=head.error.code, type=head.error.type
-                )
-            if isinstance(head, dict) and "error" in head:
-                err = head["error"]
-                raise OpenAIHTTPException(
-                    message=err["message"], status_code=int(err.get("code", 400)), type=err.get("type", "")
-                )
+            error = _engine_error(head)
+            if error is not None:
+                if is_length_rejection(error):
+                    self._metrics.reject(model_id)
+                raise error
             if isinstance(head, NON_STREAMING_RESPONSE_TYPES):
                 return JSONResponse(content=head.model_dump())
             if isinstance(head, dict):
@@ -173,17 +170,13 @@ class RayscaleIngress(OpenAiIngress):
             return StreamingResponse(_openai_json_wrapper(stream), media_type="text/event-stream")
 
 
-def openai_error_body(e: OpenAIHTTPException) -> dict[str, Any]:
-    return {"error": {"message": e.message, "type": e.type, "param": None, "code": e.status_code}}
-
-
 def make_ingress_class() -> Any:
     """The FastAPI-wrapped ingress class, with the standard OpenAI routes plus weight inspection."""
-    app = init()
+    app = make_app()
     endpoints = {k: DEFAULT_ENDPOINTS[k] for k in ("models", "model_data", "completions", "chat")}
     endpoints["get_weights"] = lambda a: a.get("/rayscale/weights")
     endpoints["get_routed"] = lambda a: a.get("/rayscale/routed")
     return make_fastapi_ingress(RayscaleIngress, endpoint_map=endpoints, app=app)
 
 
-__all__ = ["CompletionRequest", "RayscaleIngress", "make_ingress_class", "openai_error_body"]
+__all__ = ["ApiError", "CompletionRequest", "RayscaleIngress", "make_ingress_class", "openai_error_body"]

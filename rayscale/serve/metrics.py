@@ -234,6 +234,31 @@ class EmulatedEngineMetrics:
             self.gen.inc(generation, tags=self._tags)
 
 
+# Requests an engine refuses for their length (prompt or max_tokens over max_model_len), per model. They
+# are counted apart so that they read as refused, not as SLO misses or load. Counted at the ingress, which
+# sees both engines' 400s; Ray exports the counter as REJECTED_REQUESTS_EXPORTED.
+REJECTED_REQUESTS = "rayscale_rejected_requests"
+REJECTED_REQUESTS_EXPORTED = "ray_rayscale_rejected_requests_total"
+REJECTED_TAG_KEYS: tuple[str, ...] = ("model", "reason")
+REJECT_MAX_MODEL_LEN = "max_model_len"
+
+
+class IngressMetrics:
+    """The ingress's own series (created in the ingress replica)."""
+
+    def __init__(self) -> None:
+        from ray.util import metrics as rm
+
+        self.rejected = rm.Counter(
+            REJECTED_REQUESTS,
+            description="Requests rejected with 400 because they exceed the model's max_model_len.",
+            tag_keys=REJECTED_TAG_KEYS,
+        )
+
+    def reject(self, model: str, reason: str = REJECT_MAX_MODEL_LEN) -> None:
+        self.rejected.inc(1, tags={"model": model, "reason": reason})
+
+
 # --- reading them back --------------------------------------------------------------------------
 
 
@@ -259,8 +284,8 @@ def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
-def scrape_engine_metrics(timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
-    """All ``ray_vllm_*`` samples from all nodes of the connected Ray cluster."""
+def scrape_metrics(prefix: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
+    """All samples whose name starts with ``prefix`` from all nodes of the connected Ray cluster."""
     import httpx
 
     samples = []
@@ -269,5 +294,10 @@ def scrape_engine_metrics(timeout_s: float = 5.0) -> list[tuple[str, dict[str, s
             r = httpx.get(url, timeout=timeout_s)
         except httpx.HTTPError:
             continue  # a node going away; its series are simply missing this round
-        samples += [s for s in parse_prometheus(r.text) if s[0].startswith("ray_vllm_")]
+        samples += [s for s in parse_prometheus(r.text) if s[0].startswith(prefix)]
     return samples
+
+
+def scrape_engine_metrics(timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
+    """All ``ray_vllm_*`` samples from all nodes of the connected Ray cluster."""
+    return scrape_metrics("ray_vllm_", timeout_s)
