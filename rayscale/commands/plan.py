@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:
         out = result.to_dict()
-        out["demand"] = {m: {"state": d.state.value, "rps": round(d.rps, 4), "reason": d.reason}
+        out["demand"] = {m: {"state": d.state.value, "rps": round(d.rps, 4), "reason": d.reason,
+                             "best_effort": d.best_effort}
                          for m, d in demands.items()}
         out["max_num_batched_tokens"] = {m: {f: chunk(m, f) for f in spec.parallelism}
                                          for m, spec in cat.models.items()}
@@ -80,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
     for s in result.shortfalls:
         what = [f"{s.unmet_rps:.2f} req/s unmet"] if s.unmet_rps > 0 else []
         what += [f"{s.missing_replicas} replica(s) below min_replicas"] if s.missing_replicas else []
-        print(f"SHORTFALL {s.model}: {', '.join(what)}: {s.reason}")
+        # A best-effort model is served, but its requests miss the SLO: its own line, even with nothing unmet.
+        label = "BEST EFFORT" if s.best_effort else "SHORTFALL"
+        print(f"{label} {s.model}: " + "".join(f"{w}: " for w in [", ".join(what)] if w) + s.reason)
     for n in result.notes:
         print(f"note: {n}")
     return 0

@@ -306,14 +306,15 @@ def _log_share(x: F64) -> F64:
     return np.log(np.maximum(x, 1e-300))
 
 
-def largest_load(rows: Rows, high: F64, allowed_miss: float, guess: F64 | None = None) -> F64:
+def largest_load(rows: Rows, high: F64, allowed_miss: float | F64, guess: F64 | None = None) -> F64:
     """Per row, the largest mean batch in [LOAD_FLOOR, high] whose miss share is within ``allowed_miss``
-    (misses grow with load), to RTOL; 0 for rows that miss more even at LOAD_FLOOR. ``guess``: per row,
-    last period's answer (NaN: none), where the search starts (_crossing)."""
-    limit = math.log(allowed_miss)
+    (one share for all rows, or one per row; misses grow with load), to RTOL; 0 for rows that miss more
+    even at LOAD_FLOOR. ``guess``: per row, last period's answer (NaN: none), where the search starts
+    (_crossing)."""
+    limit = np.broadcast_to(np.log(np.asarray(allowed_miss, dtype=float)), np.shape(high))
 
-    def g(r: Rows, b: F64, _: npt.NDArray[np.intp]) -> F64:
-        return _log_share(at_load(r, b).miss) - limit
+    def g(r: Rows, b: F64, idx: npt.NDArray[np.intp]) -> F64:
+        return _log_share(at_load(r, b).miss) - limit[idx]
 
     # An idle replica's misses grow as the square of its load (rho^2 waits; prompts arriving during a decode
     # at a rate times a share of busy replicas) and faster near saturation: slope 2 in log-log to begin.

@@ -81,6 +81,11 @@ class ModelSpec(_Strict):
     max_replicas: int = Field(default=64, ge=0)
     request_mix: RequestMixSpec | None = Field(
         default=None, description="expected mix until one is observed (default: 1,024-token prompts, 128 out)")
+    # The engine rejects a request whose prompt does not fit (vLLM: 400), so no capacity is sized for the
+    # part of a mix beyond it (rayscale.core.estimate.within_context).
+    max_model_len: PositiveInt | None = Field(
+        default=None, description="longest prompt + output the engine accepts, tokens (vLLM max_model_len); "
+                                  "None: no limit")
 
     _name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
 

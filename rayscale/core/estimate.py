@@ -13,6 +13,11 @@ tails the mean leaves out (prefill stalls in short answers, waits behind other p
 cache and max_num_seqs. A target utilisation below 1 leaves headroom for what no model of one replica
 sees (bursts, forecast error). Profiles are corrected by observed/predicted latency (as NVIDIA Dynamo's
 planner does), smoothed and clamped so one bad window cannot swing the plan.
+
+Where a flavor cannot meet the SLO for the mix at all, it still gets a best-effort capacity (what it serves
+adding the fewest misses, ``best_effort_capacities``): a model no flavor of which meets it is sized with
+those (Demand.best_effort says why), and the others keep them aside for when limits cap the flavors that
+do (Demand.fallback). Prompts past the model's max_model_len are cut to it (``within_context``).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
-from rayscale.core.signals import MIX_QUANTILES, Freshness, ModelSignals, RequestMix
+from rayscale.core.signals import MIX_QUANTILES, MIX_WEIGHTS, Freshness, ModelSignals, RequestMix
 
 # Share of requests a replica's capacity serves within both SLO targets: issue 6's goal. The SLO's targets
 # are p95s; sizing for 99% leaves room for what the tail model leaves out (bursts within a minute).
@@ -80,11 +85,16 @@ class ReplicaCapacity:
     batch: float  # sequences it runs on average at full load (before target utilisation); 0 if infeasible
     tpot_s: float
     ttft_floor_s: float  # TTFT of the p95 prompt with no queue
-    reason: str = ""  # why infeasible, when rps == 0
+    reason: str = ""  # why infeasible (the SLO's reason also when best_effort)
+    # The SLO is out of reach on this flavor and rps is what it serves adding the fewest misses
+    # (best_effort_capacities); ``miss``: the share of requests expected to miss the SLO at that load.
+    best_effort: bool = False
+    miss: float = 0.0
 
     @property
     def feasible(self) -> bool:
-        return self.rps > 0
+        """Meets the SLO (a best-effort capacity serves, but does not)."""
+        return self.rps > 0 and not self.best_effort
 
 
 # The simulator hands the same hour of counts for a minute while it asks every period (the same as
@@ -215,7 +225,7 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     for i in range(n):
         if good_l[i]:
             out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=rps_l[i], batch=b_l[i],
-                            tpot_s=tpot_l[i], ttft_floor_s=floor_l[i], reason=""))
+                            tpot_s=tpot_l[i], ttft_floor_s=floor_l[i], reason="", best_effort=False, miss=0.0))
             continue
         pr, s, m, c = profiles[i], slos[i], mixes[i], corrs[i]
         if floor_l[i] > s.ttft_p95_s:
@@ -231,7 +241,46 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
             why = (f"an idle replica misses the SLO for {float(idle.miss[j]):.1%} of requests (TTFT "
                    f"{float(idle.ttft_miss[j]):.1%}, TPOT {float(idle.tpot_miss[j]):.1%}) > {allowed:.0%}")
         out.append(_new(ReplicaCapacity, flavor=pr.flavor, rps=0.0, batch=0.0, tpot_s=0.0,
-                        ttft_floor_s=floor_l[i], reason=why))
+                        ttft_floor_s=floor_l[i], reason=why, best_effort=False, miss=0.0))
+    return out
+
+
+def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
+                           corrs: Sequence[Correction], infeasible: Sequence[ReplicaCapacity],
+                           target_utilization: float = 0.8,
+                           attainment: float = DEFAULT_ATTAINMENT) -> list[ReplicaCapacity]:
+    """Per row whose SLO is out of reach (``infeasible``, from replica_capacities): the largest arrival rate
+    at which one replica misses at most ``1 - attainment`` more of the requests than it does idle, times
+    ``target_utilization``; marked ``best_effort``, keeping the SLO's reason.
+
+    The misses an idle replica has (prompts whose own prefill passes the TTFT target, decode steps slower
+    than the TPOT target) no capacity removes; what load adds, capacity does. So this serves every request
+    the flavor can serve within the SLO and adds as few misses as the SLO's own allowance. Where the idle
+    replica misses every request it comes down to throughput: the load at which the prefill queue still
+    keeps up. A flavor whose KV cache holds no whole request serves nothing (rps 0)."""
+    if not profiles:
+        return []
+    allowed = 1.0 - attainment
+    rows = rows_of(profiles, slos, mixes, corrs)
+    floor = np.full(len(profiles), LOAD_FLOOR)
+    idle = at_load(rows, floor).miss
+    # at_load's miss is the TTFT share plus the TPOT share, 2 only past the prefill queue's stability: a row
+    # whose idle replica misses (nearly) everything is searched for the largest stable load.
+    limit = np.where(idle + allowed < 2.0 - 1e-6, idle + allowed, 2.0 - 1e-9)
+    request_tokens = np.array([max(m.prompt_mean + m.output_mean, 1.0) for m in mixes], dtype=float)
+    kv_tokens, max_num_seqs = np.array(list(map(_KV_COLUMNS, map(vars, profiles))), dtype=float).reshape(-1, 2).T
+    kv_fit = np.floor(kv_tokens / request_tokens)
+    batch = largest_load(rows, np.minimum(kv_fit, max_num_seqs), limit)
+    batch = np.where(kv_fit >= 1, batch, 0.0)
+    load = np.maximum(batch, LOAD_FLOOR)
+    rate, tpot_mean = rate_at(rows, load)
+    miss = np.minimum(at_load(rows, load).miss, 1.0)
+    out: list[ReplicaCapacity] = []
+    for i, c in enumerate(infeasible):
+        ok = bool(batch[i] > 0)
+        out.append(replace(c, rps=float(rate[i]) * target_utilization if ok else 0.0,
+                           batch=float(batch[i]) if ok else 0.0, tpot_s=float(tpot_mean[i]) if ok else 0.0,
+                           best_effort=ok, miss=float(miss[i]) if ok else 0.0))
     return out
 
 
@@ -251,6 +300,12 @@ class Demand:
     # Req/s the fleet must drain a burst at (rayscale.core.burst; 0: none). Not demand: the planner holds
     # replicas whose queues drain it (drain_rps), counted through the model's best-value flavor.
     burst_rps: float = 0.0
+    # Why no flavor meets the SLO for this mix, when ``capacity`` is best effort (best_effort_capacities);
+    # "" when some flavor meets it. The planner reports it as a shortfall.
+    best_effort: str = ""
+    # When some flavors meet the SLO: the best-effort capacities of those that do not, which the planner
+    # serves with only the demand that limits leave unmet on the others.
+    fallback: dict[str, ReplicaCapacity] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -267,6 +322,9 @@ class EstimateSettings:
     # all but 1 - attainment of the requests. Off by default (`rayscale controller --burst-floor`); the
     # simulator turns it on (SimConfig.burst_floor, bench/results/burst_floor.md).
     burst_floor: bool = False
+    # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
+    # with the fewest misses) rather than none, which orders nothing and fails every request.
+    best_effort: bool = True
 
 
 def prior_mix(catalog: Catalog, model: str) -> RequestMix:
@@ -278,6 +336,54 @@ def prior_mix(catalog: Catalog, model: str) -> RequestMix:
     return RequestMix(spec.prompt_mean, spec.output_mean, spec.prompt_p95 or 2.0 * spec.prompt_mean)
 
 
+def within_context(mix: RequestMix, max_model_len: int | None) -> RequestMix:
+    """The mix with its prompt lengths cut at the model's context: the engine rejects a longer request
+    (vLLM answers 400) and spends nothing on it, so no capacity is sized for one. Cutting, not dropping,
+    keeps the quantile nodes' weights; it counts a rejected request as one of the longest served, which
+    errs towards more capacity."""
+    if max_model_len is None:
+        return mix
+    cap = float(max_model_len)
+    prompt, _ = mix_quantiles(mix)
+    if max(mix.prompt_mean, mix.prompt_p95, *prompt) <= cap:
+        return mix
+    cut = tuple(min(x, cap) for x in prompt)
+    # The mean falls with the tail cut off (by the nodes' weighted means), so that what reads the mean
+    # (TPOT(b), the KV fit, drain_rps) sees the mix the nodes describe.
+    share = float(np.dot(MIX_WEIGHTS, cut)) / max(float(np.dot(MIX_WEIGHTS, prompt)), 1e-9)
+    return replace(mix, prompt_mean=min(mix.prompt_mean * share, cap), prompt_p95=min(mix.prompt_p95, cap),
+                   prompt_quantiles=cut)
+
+
+def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]],
+                 mixes: dict[str, RequestMix], observed: dict[str, RequestMix],
+                 corrections: dict[tuple[str, str], Correction], settings: EstimateSettings
+                 ) -> tuple[dict[str, str], dict[str, dict[str, ReplicaCapacity]]]:
+    """Best-effort capacities of the flavors that miss the SLO: in ``caps_of`` for the models no flavor of
+    which meets it (with, per such model, the reason), else apart (Demand.fallback)."""
+    pairs = [(m, f) for m, caps in caps_of.items() for f, c in caps.items() if not c.feasible]
+    none = Correction()
+    caps = best_effort_capacities(
+        [catalog.profile(m, f) for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
+        [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs],
+        [caps_of[m][f] for m, f in pairs], settings.target_utilization, settings.attainment)
+    todo = [m for m, caps in caps_of.items() if caps and not any(c.feasible for c in caps.values())]
+    fallback: dict[str, dict[str, ReplicaCapacity]] = {}
+    for (m, f), c in zip(pairs, caps, strict=True):
+        fallback.setdefault(m, {})[f] = c
+    for m in todo:
+        caps_of[m].update(fallback.pop(m))
+    out = {}
+    for m in todo:
+        slo, mix, seen = catalog.models[m].slo, mixes[m], observed[m]
+        why = (f"no flavor meets TTFT p95 {slo.ttft_p95_s:g} s, TPOT p95 {slo.tpot_p95_s:g} s for prompt mean "
+               f"{mix.prompt_mean:.0f}, p95 {mix.prompt_p95:.0f} tok")
+        if seen.prompt_p95 > mix.prompt_p95:
+            why += f" (observed p95 {seen.prompt_p95:.0f}, cut at max_model_len {catalog.models[m].max_model_len})"
+        out[m] = why
+    return out, fallback
+
+
 def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
              corrections: dict[tuple[str, str], Correction] | None = None,
              forecaster: Forecaster = last_value, settings: EstimateSettings = EstimateSettings(),
@@ -287,8 +393,9 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     corrections = corrections or {}
     out: dict[str, Demand] = {}
     none = Correction()
-    mixes = {name: (sig.mix if sig and sig.mix else None) or prior_mix(catalog, name)
-             for name in catalog.models for sig in (signals.get(name),)}
+    observed = {name: (sig.mix if sig and sig.mix else None) or prior_mix(catalog, name)
+                for name in catalog.models for sig in (signals.get(name),)}
+    mixes = {name: within_context(mix, catalog.models[name].max_model_len) for name, mix in observed.items()}
     pairs = [(name, f) for name, spec in catalog.models.items() for f in spec.parallelism]
     profiles = catalog.profiles
     guesses = None
@@ -301,6 +408,10 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     caps_of: dict[str, dict[str, ReplicaCapacity]] = {name: {} for name in catalog.models}
     for (m, f), c in zip(pairs, all_caps, strict=True):
         caps_of[m][f] = c
+    best_effort: dict[str, str] = {}
+    fallback: dict[str, dict[str, ReplicaCapacity]] = {}
+    if settings.best_effort:
+        best_effort, fallback = _best_effort(catalog, caps_of, mixes, observed, corrections, settings)
     for name in catalog.models:
         sig = signals.get(name)
         mix = mixes[name]
@@ -308,7 +419,8 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         if sig is None or not sig.usable:
             fresh = sig.freshness if sig else Freshness.MISSING
             age = f" (last sample {sig.age_s:.0f}s ago)" if sig and sig.age_s is not None else ""
-            out[name] = Demand(name, DemandState.HOLD, 0.0, mix, caps, f"signals {fresh.value}{age}: holding capacity")
+            out[name] = Demand(name, DemandState.HOLD, 0.0, mix, caps, f"signals {fresh.value}{age}: holding capacity",
+                               best_effort=best_effort.get(name, ""), fallback=fallback.get(name, {}))
             continue
         assert sig.arrival_rate_rps is not None
         rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
@@ -325,7 +437,8 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
             why += f", {rate:.2f} forecast"
         if backlog > 0:
             why += f", {sig.waiting:.0f} queued"
-        out[name] = Demand(name, DemandState.OK, rps, mix, caps, why, burst)
+        out[name] = Demand(name, DemandState.OK, rps, mix, caps, why, burst, best_effort.get(name, ""),
+                           fallback.get(name, {}))
     return out
 
 

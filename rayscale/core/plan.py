@@ -12,6 +12,10 @@ value and the planner's memory in; the plan and the new memory out. Stability ru
   cancelled before it could serve), re-plan freely (this is also when a cheaper flavor mix replaces the
   current one; act adds the new replicas before it drains the old);
 - signals stale or missing (Demand HOLD): keep what runs, never scale down on no data.
+
+Best effort: a model no flavor of which meets its SLO is planned on the estimator's best-effort capacities,
+and one whose SLO-meeting flavors are capped by limits serves the rest on its other flavors
+(``_serve_rest_best_effort``); either is reported as a Shortfall with ``best_effort`` set.
 """
 
 from __future__ import annotations
@@ -123,6 +127,9 @@ class Shortfall:
     unmet_rps: float
     reason: str
     missing_replicas: int = 0  # below min_replicas (limits forbid the floor)
+    # No flavor meets the model's SLO for its mix: what runs serves it best effort (Demand.best_effort), and
+    # some requests miss the SLO even with no demand unmet.
+    best_effort: bool = False
 
 
 @dataclass(frozen=True)
@@ -203,7 +210,10 @@ def plan(
             d = _with_burst_floor(catalog, name, d, shapes)
         cur = cur_by_model.get(name, {})
         caps = d.capacity if d else {}
-        cur_cap = sum(n * (caps[f].rps if f in caps else 0.0) for (_, f, _), n in cur.items())
+        # Replicas that serve best effort what limits left unmet count what they serve (Demand.fallback), or
+        # every period would read the model as short and they could never be scaled down with the demand.
+        have_caps = {**caps, **d.fallback} if d else caps
+        cur_cap = sum(n * (have_caps[f].rps if f in have_caps else 0.0) for (_, f, _), n in cur.items())
         cur_n = sum(cur.values())
         # Bounds per offering from the stability rules: 'keep' pins, 'up' only adds, 'free' re-plans.
         if cur_n < spec.min_replicas and (d is None or d.state == DemandState.HOLD):
@@ -244,6 +254,8 @@ def plan(
                 why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
                              f"scale-down waits {settings.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
             rps = d.rps + rounded.get(name, 0.0)
+        if d is not None and d.best_effort:
+            why[name] += "; best effort: no flavor meets the SLO for this mix"
         first = len(o_model)  # this model's offerings start here
         for fname in sorted(spec.parallelism):
             par = spec.parallelism[fname]
@@ -310,6 +322,8 @@ def plan(
     sol = _solve(problem, settings)
     if freed:
         sol = _unless_moving_saves(problem, sol, o_have, freed, settings, why)
+    sol, rest_best_effort = _serve_rest_best_effort(catalog, demands, problem, sol, rounded, shapes, blocked,
+                                                    o_have, settings)
 
     entries = []
     changed: set[str] = set()
@@ -346,13 +360,20 @@ def plan(
             if m in sol.missing_min and m not in sol.unmet_rps:
                 offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
     planned: dict[str, int] = {}
+    runs: dict[str, dict[str, int]] = {}  # model -> flavor -> replicas planned
     for j, n in sol.counts.items():
         planned[o_model[j]] = planned.get(o_model[j], 0) + n
+        runs.setdefault(o_model[j], {})[o_flavor[j]] = runs.get(o_model[j], {}).get(o_flavor[j], 0) + n
+    # A best-effort model is a shortfall whenever it serves or should: its requests miss the SLO.
+    best = {m for m, d in demands.items() if d.best_effort and m in catalog.models
+            and (planned.get(m, 0) or m in unmet or m in sol.missing_min)} | rest_best_effort
     shortfalls = tuple(
         Shortfall(m, round(unmet.get(m, 0.0), 4),
-                  _shortfall_reason(catalog, m, problem, offs_of.get(m, []), planned.get(m, 0)),
-                  sol.missing_min.get(m, 0))
-        for m in sorted(set(unmet) | set(sol.missing_min), key=lambda m: (-catalog.models[m].priority, m))
+                  _shortfall_reason(catalog, m, problem, offs_of.get(m, []), planned.get(m, 0),
+                                    (demands[m], runs.get(m, {})) if m in best else None,
+                                    m in unmet or m in sol.missing_min),
+                  sol.missing_min.get(m, 0), m in best)
+        for m in sorted(set(unmet) | set(sol.missing_min) | best, key=lambda m: (-catalog.models[m].priority, m))
     )
     entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
     targets: dict[str, dict[Key, int]] = {m: {} for m in catalog.models}
@@ -524,15 +545,81 @@ def _offer_shape(catalog: Catalog, flavor: str, par: Parallelism
     return shape, prices, shape.nodes * fl.instance(shape.instance_type).devices
 
 
+def _best_effort_reason(d: Demand, runs: dict[str, int]) -> str:
+    """What a best-effort model's fleet serves: why and, per flavor it runs on, the share of requests
+    expected to miss the SLO there (none noted: the flavor meets it)."""
+    caps = {**d.capacity, **d.fallback}
+    served = [f"{n} {f}" + (f" (~{c.miss:.0%} of requests miss)" if (c := caps.get(f)) and c.best_effort else "")
+              for f, n in sorted(runs.items())]
+    why = d.best_effort or "the flavors that meet the SLO cannot cover the demand within limits"
+    return f"best effort: {why}; serving throughput on " + (", ".join(served) or "nothing")
+
+
+def _serve_rest_best_effort(catalog: Catalog, demands: dict[str, Demand], problem: Problem, sol: Solution,
+                            rounded: dict[str, float], shapes: Shapes, blocked: set[tuple[str, str]],
+                            have: list[int], settings: PlannerSettings) -> tuple[Solution, set[str]]:
+    """When limits leave part of a model's demand unmet on the flavors that meet its SLO, its flavors that
+    do not serve the rest best effort (Demand.fallback): the plan keeps what ``sol`` put on the former and
+    solves again with the latter open. Unmet requests all fail; a best-effort replica serves most of them.
+    Extends ``problem``'s offerings (the plan's columns) in place; the new solution and the models served so."""
+    offs = problem.offerings
+    assert isinstance(offs, OfferingTable) and offs.unit is not None
+    short = sorted(m for m, u in sol.unmet_rps.items() if u - rounded.get(m, 0.0) > RPS_TOLERANCE
+                   and (d := demands.get(m)) is not None and d.state == DemandState.OK
+                   and any(c.rps > 0 for c in d.fallback.values()))
+    if not short:
+        return sol, set()
+    at = {(offs.model[j], offs.flavor[j], offs.capacity_type[j].value): j for j in range(len(offs))}
+    units = {(offs.model[j], offs.flavor[j]): u for j, u in enumerate(offs.unit)}
+    next_unit = max(units.values(), default=0) + 1
+    for j in range(len(offs)):
+        if offs.model[j] in short:
+            offs.lb[j] = max(offs.lb[j], sol.counts.get(j, 0))
+    for m in short:
+        spec, d = catalog.models[m], demands[m]
+        for f, cap in sorted(d.fallback.items()):
+            got = _cached_shape(catalog, shapes, f, spec.parallelism[f]) if f in spec.parallelism else "gone"
+            if cap.rps <= 0 or isinstance(got, str):
+                continue
+            shape, prices, devices = got
+            if (m, f) not in units:
+                units[(m, f)], next_unit = next_unit, next_unit + 1
+            for ct, ctv, price in prices:
+                j = at.get((m, f, ctv), len(offs))
+                if j == len(offs):
+                    if (f, ctv) in blocked:
+                        continue
+                    offs.model.append(m)
+                    offs.flavor.append(f)
+                    offs.capacity_type.append(ct)
+                    offs.usd_per_h.append(price)
+                    offs.rps.append(0.0)
+                    offs.devices.append(devices)
+                    offs.nodes.append(shape.nodes)
+                    for ints, v in ((offs.lb, 0), (offs.ub, 0), (offs.unit, units[(m, f)]), (have, 0)):
+                        ints.append(v)
+                offs.rps[j] = cap.rps
+                if (f, ctv) not in blocked:
+                    offs.ub[j] = max(offs.ub[j], spec.max_replicas)
+    return _solve(problem, settings), set(short)
+
+
 def _shortfall_reason(catalog: Catalog, model: str, p: Problem, offs: list[tuple[float, int, str]],
-                      planned: int) -> str:
+                      planned: int, best_effort: tuple[Demand, dict[str, int]] | None = None,
+                      short: bool = True) -> str:
+    """Why a model is short (``short``: demand unmet or below min_replicas), and when it is served best
+    effort, that too."""
     spec = catalog.models[model]
+    best = _best_effort_reason(*best_effort) if best_effort else ""
+    if not short:
+        return best
     if not offs or all(rps <= 0 for rps, _, _ in offs):
-        return "no flavor can meet its SLO (or all are backed off)"
+        return "; ".join(filter(None, (best, "no flavor can meet its SLO (or all are backed off)")))
     reasons = []
     if planned >= spec.max_replicas:
         reasons.append(f"max_replicas {spec.max_replicas}")
     lim = sorted({f for _, _, f in offs if f in p.device_limits or f in p.node_limits})
     if lim:
         reasons.append("NodePool limits on " + ", ".join(lim))
-    return f"degraded (priority {spec.priority}): " + (" or ".join(reasons) or "capacity exhausted")
+    degraded = f"degraded (priority {spec.priority}): " + (" or ".join(reasons) or "capacity exhausted")
+    return "; ".join(filter(None, (best, degraded)))

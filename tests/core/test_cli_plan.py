@@ -72,4 +72,5 @@ def test_a_floor_the_limits_forbid_is_printed_as_a_shortfall(tmp_path: Path) -> 
     assert "SHORTFALL mistral-7b: 1 replica(s) below min_replicas: degraded" in t.stdout, t.stdout
     out = json.loads(_run(*args, "--json").stdout)
     assert out["shortfalls"] == [{"model": "mistral-7b", "unmet_rps": 0.0, "missing_replicas": 1,
-                                  "reason": "degraded (priority 5): NodePool limits on l4"}], out["shortfalls"]
+                                  "reason": "degraded (priority 5): NodePool limits on l4", "best_effort": False}
+                                 ], out["shortfalls"]
