@@ -6,7 +6,11 @@ only; worker nodes declare a flavor's resources (GPU counts, ``accelerator_type:
 labels (``rayscale.io/flavor``), which Ray schedules on as if the devices were there.
 
 State lives in ``<root>/cluster.json`` so that separate processes (``rayscale local up`` and a later
-``rayscale local node add``) drive the same cluster; ``LocalCluster.attach(root)`` reads it.
+``rayscale local node add``) drive the same cluster; ``LocalCluster.attach(root)`` reads it. Every read
+and every change of it holds one file lock (``<root>/.lock``), which also orders the threads of one
+process. A node id is taken from a per-flavor counter in the state file, and the node is recorded
+before its process is spawned, so an id is never handed out twice even when the process that started
+a node was killed half-way; ``recover()`` then adopts or removes what such a crash left behind.
 
 Removing a node is graceful: the node is drained through the GCS (Ray's autoscaler drain API: no new
 work is scheduled there, Serve moves its replicas away), and stopped once idle or when the grace
@@ -34,6 +38,10 @@ LABEL_NODE = "rayscale.io/node"
 LABEL_FLAVOR = "rayscale.io/flavor"
 LABEL_MANAGED_BY = "rayscale.io/managed-by"
 HEAD = "head"
+# Test hook: "<point>:<seconds>" pauses every node start at a crash point ("before-spawn": the node is recorded,
+# no process yet; "after-spawn": the process runs, its pid is not recorded yet), holding the state lock
+# as a real start does there, so that a test can kill the starting process at that very point.
+PAUSE_ENV = "RAYSCALE_LOCAL_TEST_PAUSE"
 DEFAULT_ROOT = Path("/tmp/rayscale-local")  # short: Ray's unix socket paths must stay under 108 bytes
 
 
@@ -123,6 +131,9 @@ class LocalClusterConfig:
 class _NodeRecord:
     id: str
     flavor: str
+    # 0: recorded, its process not (yet). Records change under the lock only, so a lock holder that
+    # sees 0 knows the starter died between its two saves; the process is then found by its temp dir
+    # (``_process``) and ``recover()`` records or removes it.
     pid: int
     create_time: float  # psutil's: tells our process from a later one that reuses the pid
     temp_dir: str
@@ -180,12 +191,58 @@ def _ray_cmd() -> list[str]:
     return [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
 
 
+def _pause(point: str) -> None:
+    spec = os.environ.get(PAUSE_ENV, "")
+    where, _, seconds = spec.partition(":")
+    if where == point:
+        time.sleep(float(seconds or 0))
+
+
+def _create_time(pid: int) -> float:
+    import psutil
+
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
+def _kill_tree(p: Any, mark: str) -> None:
+    """Kills ``p``, its descendants and any process started from ``mark`` (its temp dir, with a slash)."""
+    import psutil
+
+    procs = [p]
+    with contextlib.suppress(psutil.Error):
+        procs += p.children(recursive=True)
+    for q in procs:
+        with contextlib.suppress(psutil.Error):
+            q.kill()
+    psutil.wait_procs(procs, timeout=5)
+    for q in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(mark in (a or "") for a in (q.info["cmdline"] or [])):
+                q.kill()
+
+
 def _tail(path: str | Path, n: int = 30) -> str:
     try:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
     return "\n".join(lines[-n:])
+
+
+@contextlib.contextmanager
+def _flock(root: Path) -> Iterator[None]:
+    """Orders every read and change of cluster.json: between processes (a CLI and a controller, say)
+    and between threads of one (each holder opens the file anew, and flock excludes two open files)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class LocalCluster:
@@ -209,10 +266,13 @@ class LocalCluster:
     def attach(cls, root_dir: str | Path = DEFAULT_ROOT) -> LocalCluster:
         """The cluster a previous ``start()`` (maybe in another process) left running under ``root_dir``."""
         state_path = Path(root_dir) / "cluster.json"
-        try:
-            state = json.loads(state_path.read_text())
-        except FileNotFoundError:
-            raise LocalClusterError(f"no local cluster at {root_dir} (start one with `rayscale local up`)") from None
+        if not state_path.exists():  # looked at first: attaching to nothing must not create the root
+            raise LocalClusterError(f"no local cluster at {root_dir} (start one with `rayscale local up`)")
+        with _flock(Path(root_dir)):
+            try:
+                state = json.loads(state_path.read_text())
+            except FileNotFoundError:
+                raise LocalClusterError(f"no local cluster at {root_dir} (start one with `rayscale local up`)") from None
         cfg = state["config"]
         cfg["root_dir"] = Path(cfg["root_dir"])
         cluster = cls(LocalClusterConfig(**cfg))
@@ -247,8 +307,9 @@ class LocalCluster:
             args += ["--include-dashboard=false"]
         head = LocalFlavor(HEAD, self.config.head_num_cpus, 0.0, dict(self.config.head_resources))
         try:
-            self._launch(HEAD, head, args)
-            self._save()
+            with self._lock():
+                self._records, self._counter = {}, {}
+                self._start_locked(HEAD, head, args, ip)
             self.wait_node(HEAD, self.config.start_timeout_s)
         except BaseException:
             self.stop()
@@ -257,6 +318,8 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stops every node (workers first, no drain) and removes the root dir; safe to call twice."""
+        if self._state_path.exists():
+            self._snapshot()  # nodes other processes added since this one last looked
         workers = [r for r in self._records.values() if r.id != HEAD]
         for rec in workers:
             self._signal(rec, signal.SIGTERM)
@@ -299,12 +362,8 @@ class LocalCluster:
         spec = flavor_spec(flavor, num_cpus, num_gpus, resources, labels)
         with self._lock():
             self._reload()
-            n = self._counter.get(spec.name, 0) + 1
-            self._counter[spec.name] = n
-            node_id = f"{spec.name}-{n}"
-            args = [f"--address={self.address}"]
-            self._launch(node_id, spec, args, node_ip)
-            self._save()
+            node_id = self._next_id(spec.name)
+            self._start_locked(node_id, spec, [f"--address={self.address}"], node_ip or self.config.node_ip)
         if wait:
             try:
                 self.wait_node(node_id, timeout_s or self.config.start_timeout_s)
@@ -315,7 +374,7 @@ class LocalCluster:
 
     def wait_node(self, node_id: str, timeout_s: float = 120.0) -> LocalNode:
         """Waits until the node is registered and alive in Ray; raises with its log tail if it dies."""
-        rec = self._record(node_id)
+        rec = self._snapshot_record(node_id)
         deadline = time.monotonic() + timeout_s
         while True:
             if not self._process_alive(rec):
@@ -354,7 +413,7 @@ class LocalCluster:
         (Ray then stops its raylet), then stops its processes and deletes its files."""
         if node_id == HEAD:
             raise LocalClusterError("the head is removed by stop()")
-        rec = self._record(node_id)
+        rec = self._snapshot_record(node_id)
         grace = self.config.drain_timeout_s if grace_s is None else grace_s
         drained = False
         if grace > 0 and self._process_alive(rec):
@@ -380,36 +439,133 @@ class LocalCluster:
             Path(rec.log).unlink()
 
     def nodes(self, include_dead: bool = False) -> list[LocalNode]:
-        """Nodes this cluster started, with their state in Ray (head first)."""
-        self._reload()
-        ray_nodes = self._ray_nodes() if self._records else {}
+        """Nodes this cluster started, with their state in Ray (head first). Reads only."""
+        records = self._snapshot()
+        ray_nodes = self._ray_nodes() if records else {}
         out = []
-        for rec in sorted(self._records.values(), key=lambda r: (r.id != HEAD, r.started_at)):
+        for rec in sorted(records.values(), key=lambda r: (r.id != HEAD, r.started_at)):
             view = self._view(rec, ray_nodes.get(rec.id))
             if include_dead or view.alive:
                 out.append(view)
         return out
 
     def node(self, node_id: str) -> LocalNode:
-        self._reload()
-        return self._view(self._record(node_id), self._ray_nodes().get(node_id))
+        return self._view(self._snapshot_record(node_id), self._ray_nodes().get(node_id))
+
+    def recover(self) -> list[str]:
+        """Settles what a killed node start left behind; one line per change. Call it when a controller
+        (or anything else that starts nodes) starts: a node whose process runs but was not recorded is
+        adopted, one recorded but never started or dead before it joined Ray is removed, and a node
+        process no record names is killed. A node that joined Ray and died stays, as EXITED, for its
+        owner to replace whole."""
+        notes: list[str] = []
+        gone: list[str] = []  # node ids whose files go
+        with self._lock():
+            self._reload()
+            ray_nodes = self._ray_nodes()
+            for rec in list(self._records.values()):
+                p = self._process(rec)
+                if rec.pid == 0 and p is not None:
+                    rec.pid, rec.create_time = p.pid, _create_time(p.pid)
+                    notes.append(f"adopted {rec.id}: its process {p.pid} ran unrecorded (its starter died)")
+                elif p is None and rec.id != HEAD and (rec.pid == 0 or (HEAD in ray_nodes and rec.id not in ray_nodes)):
+                    self._records.pop(rec.id)
+                    gone.append(rec.id)
+                    notes.append(f"removed {rec.id}: " + ("recorded, but its starter died before spawning it"
+                                                          if rec.pid == 0 else "its process died before it joined Ray"))
+            for node_id, p in self._orphans():
+                _kill_tree(p, str(self.root / node_id) + "/")
+                gone.append(node_id)
+                notes.append(f"stopped {node_id}: its process {p.pid} ran with no record")
+            if notes:
+                self._save()
+        for node_id in gone:  # the same paths _new_record gives a node
+            shutil.rmtree(self.root / node_id, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                (self.root / f"{node_id}.log").unlink()
+        return notes
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _record(self, node_id: str) -> _NodeRecord:
-        try:
-            return self._records[node_id]
-        except KeyError:
-            raise LocalClusterError(f"no node {node_id!r} (have {', '.join(self._records) or 'none'})") from None
+    def _snapshot(self) -> dict[str, _NodeRecord]:
+        """The records as the state file has them now, read under the lock (a copy: callers iterate it
+        while another thread may change the cluster)."""
+        with self._lock():
+            self._reload()
+            return dict(self._records)
 
-    def _launch(self, node_id: str, spec: LocalFlavor, args: list[str], node_ip: str | None = None) -> None:
+    def _snapshot_record(self, node_id: str) -> _NodeRecord:
+        records = self._snapshot()
+        try:
+            return records[node_id]
+        except KeyError:
+            raise LocalClusterError(f"no node {node_id!r} (have {', '.join(records) or 'none'})") from None
+
+    def _next_id(self, flavor: str) -> str:
+        """The flavor's next id from the persisted counter (lock held). Ids of the current nodes do not
+        decide it: a node removed, or one whose record a crash lost, must not lend its id to a new one.
+        A temp dir on disk (a node the state file does not list) also keeps its id taken."""
+        n = self._counter.get(flavor, 0)
+        while True:
+            n += 1
+            node_id = f"{flavor}-{n}"
+            if node_id not in self._records and not (self.root / node_id).exists():
+                self._counter[flavor] = n
+                return node_id
+
+    def _start_locked(self, node_id: str, spec: LocalFlavor, args: list[str], ip: str) -> None:
+        """Records the node, spawns it, records its pid (lock held). Saved before the spawn: a crash
+        at any point leaves either no process or a record that names it (found by its temp dir)."""
+        rec = self._new_record(node_id, spec, ip)
+        self._records[node_id] = rec
+        self._save()
+        _pause("before-spawn")
+        try:
+            proc = self._spawn(rec, args)
+        except BaseException:
+            self._records.pop(node_id, None)
+            self._save()
+            raise
+        _pause("after-spawn")
+        rec.pid, rec.create_time = proc.pid, _create_time(proc.pid)
+        self._save()
+
+    def _orphans(self) -> list[tuple[str, Any]]:
+        """`ray start` processes of this root that no record names (lock held): (node id, process)."""
+        import psutil
+
+        flag = f"--temp-dir={self.root}/"
+        out = []
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                args = p.info["cmdline"] or []
+                name = next((a[len(flag):] for a in args if a.startswith(flag)), None)
+                if name and "start" in args and name not in self._records:
+                    out.append((name, p))
+        return out
+
+    def _new_record(self, node_id: str, spec: LocalFlavor, ip: str) -> _NodeRecord:
+        labels = {**spec.labels, LABEL_NODE: node_id, LABEL_FLAVOR: spec.name, LABEL_MANAGED_BY: "rayscale"}
+        return _NodeRecord(
+            id=node_id,
+            flavor=spec.name,
+            pid=0,
+            create_time=0.0,
+            temp_dir=str(self.root / node_id),
+            log=str(self.root / f"{node_id}.log"),
+            num_cpus=spec.num_cpus,
+            num_gpus=spec.num_gpus,
+            resources=dict(spec.resources),
+            labels=labels,
+            started_at=time.time(),
+            node_ip=ip,
+        )
+
+    def _spawn(self, rec: _NodeRecord, args: list[str]) -> subprocess.Popen[bytes]:
         cfg = self.config
-        ip = node_ip or cfg.node_ip
-        temp_dir = self.root / node_id
+        ip, temp_dir, labels = rec.node_ip, Path(rec.temp_dir), rec.labels
         temp_dir.mkdir(parents=True, exist_ok=True)
         (self.root / "tmp").mkdir(exist_ok=True)
-        log = self.root / f"{node_id}.log"
-        labels = {**spec.labels, LABEL_NODE: node_id, LABEL_FLAVOR: spec.name, LABEL_MANAGED_BY: "rayscale"}
         cmd = [
             *_ray_cmd(),
             "start",
@@ -417,9 +573,9 @@ class LocalCluster:
             *args,
             f"--node-ip-address={ip}",
             f"--temp-dir={temp_dir}",
-            f"--num-cpus={spec.num_cpus:g}",
-            f"--num-gpus={spec.num_gpus:g}",
-            f"--resources={json.dumps(spec.resources)}",
+            f"--num-cpus={rec.num_cpus:g}",
+            f"--num-gpus={rec.num_gpus:g}",
+            f"--resources={json.dumps(rec.resources)}",
             f"--labels={','.join(f'{k}={v}' for k, v in labels.items())}",
             f"--object-store-memory={cfg.object_store_memory}",
             # several nodes share one address: let each pick its own ports
@@ -442,37 +598,25 @@ class LocalCluster:
             # a raylet that is already gone
             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
         }
-        with open(log, "ab") as out:
+        with open(rec.log, "ab") as out:
             # own session: the node outlives this process (CLI `up`), and Ctrl-C here does not reach it
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        import psutil
-
-        try:
-            ctime = psutil.Process(proc.pid).create_time()
-        except psutil.NoSuchProcess:
-            ctime = 0.0
-        self._records[node_id] = _NodeRecord(
-            id=node_id,
-            flavor=spec.name,
-            pid=proc.pid,
-            create_time=ctime,
-            temp_dir=str(temp_dir),
-            log=str(log),
-            num_cpus=spec.num_cpus,
-            num_gpus=spec.num_gpus,
-            resources=dict(spec.resources),
-            labels=labels,
-            started_at=time.time(),
-            node_ip=ip,
-        )
-        self._children[node_id] = proc  # waited for in _reap so no zombie is left behind
+        self._children[rec.id] = proc  # waited for in _reap so no zombie is left behind
+        return proc
 
     def _process(self, rec: _NodeRecord | None) -> Any:
         import psutil
 
         if rec is None:
+            return None
+        if rec.pid == 0:  # recorded, pid not (its starter died, or a reader looks at a crash's leftover)
+            flag = f"--temp-dir={rec.temp_dir}"
+            for q in psutil.process_iter(["cmdline"]):
+                with contextlib.suppress(psutil.Error):
+                    if flag in (q.info["cmdline"] or []) and q.status() != psutil.STATUS_ZOMBIE:
+                        return q
             return None
         try:
             p = psutil.Process(rec.pid)
@@ -570,8 +714,8 @@ class LocalCluster:
         return out
 
     def _view(self, rec: _NodeRecord, info: dict[str, Any] | None) -> LocalNode:
-        running = self._process_alive(rec)
-        if not running:
+        proc = self._process(rec)
+        if proc is None:
             state = "EXITED"
         elif info is None:
             state = "STARTING"
@@ -583,7 +727,7 @@ class LocalCluster:
             is_head=rec.id == HEAD,
             state=state,
             ray_node_id=info["ray_node_id"] if info else None,
-            pid=rec.pid,
+            pid=proc.pid if proc is not None else rec.pid,
             num_cpus=rec.num_cpus,
             num_gpus=rec.num_gpus,
             resources=dict(info["resources"]) if info else dict(rec.resources),
@@ -593,16 +737,9 @@ class LocalCluster:
             node_ip=rec.node_ip or self.config.node_ip,
         )
 
-    @contextlib.contextmanager
-    def _lock(self) -> Iterator[None]:
-        """Serialises changes to cluster.json between processes (a CLI and a controller, say)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+    def _lock(self) -> contextlib.AbstractContextManager[None]:
+        """Not reentrant: a holder must not take it again (that would wait for itself)."""
+        return _flock(self.root)
 
     def _save(self) -> None:
         cfg = asdict(self.config)
@@ -625,6 +762,7 @@ class LocalCluster:
         self._records = {r["id"]: _NodeRecord(**r) for r in state["nodes"]}
 
     def _reload(self) -> None:
+        """Lock held: the caller's view becomes the file's (never merged with what this process had)."""
         if self._state_path.exists():
             self._load(json.loads(self._state_path.read_text()))
 

@@ -2,7 +2,8 @@
 
 Same interface as the Kubernetes actuator. Each node carries rayscale's ownership labels (gang, model,
 flavor, capacity type, zone, size, creation time) as Ray node labels, so ``gangs()`` is rebuilt from
-the cluster alone and a restarted controller sees exactly what runs. A configurable launch delay stands
+the cluster alone and a restarted controller sees exactly what runs; ``recover()``, which a (re)started
+controller calls once, settles a node start its predecessor was killed in. A configurable launch delay stands
 in for cloud provisioning and capacity errors can be injected per (flavor, zone). The machine bounds how
 many nodes can run: a gang that would exceed it fails at once with a reason that says so.
 """
@@ -13,6 +14,7 @@ import contextlib
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rayscale.cluster.actuator import (
@@ -26,7 +28,7 @@ from rayscale.cluster.actuator import (
     OWNER,
 )
 from rayscale.cluster.local import LocalCluster, LocalNode, flavor_spec
-from rayscale.controller.act import CreateGang, Gang, GangPhase
+from rayscale.core.act import CreateGang, Gang, GangPhase
 
 _UP = {"ALIVE", "IDLE", "ACTIVE"}
 
@@ -54,6 +56,7 @@ class _Launch:
     # When this machine began starting its first node, in the controller's clock: starts are serialised,
     # so a gang queued behind another's start is not "stuck" while it waits its turn.
     started_s: float | None = None
+    have: int = 0  # members already started: a gang resumed by recover() starts the rest
 
 
 class LocalActuator:
@@ -67,6 +70,7 @@ class LocalActuator:
         self._threads: list[threading.Thread] = []
         # One node start at a time: concurrent `ray start`s on two cores are what time out the agent.
         self._start_lock = threading.Lock()
+        self._closing = threading.Event()
 
     # --- injection, for tests and the demo -------------------------------------------------------
     def fail_zone(self, flavor: str, zone: str, failing: bool = True) -> None:
@@ -161,18 +165,53 @@ class LocalActuator:
         self._threads.append(t)
         t.start()
 
-    def close(self) -> None:
+    def recover(self, now: float) -> list[str]:
+        """Call once when a controller (re)starts, before it reconciles: the cluster adopts or removes a
+        node whose start a crash cut short (``LocalCluster.recover``), and a gang with members not yet
+        started (its launcher died with the old controller) starts the rest. One line per change."""
+        notes = self.cluster.recover()
+        members: dict[str, list[LocalNode]] = defaultdict(list)
+        for n in self.cluster.nodes(include_dead=True):
+            if n.labels.get(LABEL_OWNER) == OWNER and LABEL_GANG in n.labels:
+                members[n.labels[LABEL_GANG]].append(n)
+        for name, nodes in sorted(members.items()):
+            lb = nodes[0].labels
+            size = int(lb.get(LABEL_SIZE, "1"))
+            if len(nodes) >= size or not all(n.alive for n in nodes):
+                continue  # whole, or failed (the controller deletes it whole)
+            action = CreateGang(name, lb.get(LABEL_MODEL, ""), nodes[0].flavor, lb.get(LABEL_CAPACITY, "on-demand"),
+                                lb.get(LABEL_ZONE, "local"), "local-" + nodes[0].flavor, size,
+                                "resumed after a controller restart")
+            with self._lock:
+                if name in self._launching or name in self._deleting:
+                    continue
+                self._launching[name] = la = _Launch(action, float(lb.get(LABEL_CREATED, now)), have=len(nodes))
+            self._spawn_thread(self._launch, la, f"launch-{name}")
+            notes.append(f"resumed {name}: {len(nodes)} of {size} nodes had started")
+        return notes
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stops starting nodes and waits (bounded) for starts and deletions under way. A start cut
+        short here is adopted by the next controller's ``recover()``; nothing that serves is drained."""
+        self._closing.set()
+        deadline = time.monotonic() + timeout_s
         for t in self._threads:
-            t.join(timeout=60)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _spawn_thread(self, target: Callable[[_Launch], None], arg: _Launch, name: str) -> None:
+        t = threading.Thread(target=target, args=(arg,), name=name, daemon=True)
+        self._threads.append(t)
+        t.start()
 
     # --- internals ---------------------------------------------------------------------------------
     def _launch(self, la: _Launch) -> None:
         a = la.action
-        delay = self.config.launch_delay_s.get(a.flavor, self.config.default_launch_delay_s)
+        # a resumed gang already waited its launch delay under the controller that created it
+        delay = 0.0 if la.have else self.config.launch_delay_s.get(a.flavor, self.config.default_launch_delay_s)
         end = time.monotonic() + delay
         while time.monotonic() < end:
-            if la.done:
-                return  # deleted while waiting
+            if la.done or self._closing.is_set():
+                return  # deleted while waiting, or the controller stops
             time.sleep(min(0.2, max(0.0, end - time.monotonic())))
         with self._lock:
             failing = (a.flavor, a.zone) in self.config.capacity_errors
@@ -180,17 +219,17 @@ class LocalActuator:
             la.error = f"InsufficientCapacityError: no {a.flavor} capacity in {a.zone}"
             return
         workers = [n for n in self.cluster.nodes() if not n.is_head]
-        if len(workers) + a.nodes > self.config.max_worker_nodes:
+        if len(workers) + a.nodes - la.have > self.config.max_worker_nodes:
             la.error = (f"this machine runs at most {self.config.max_worker_nodes} worker nodes; "
-                        f"{len(workers)} run, the gang needs {a.nodes}")
+                        f"{len(workers)} run, the gang needs {a.nodes - la.have} more")
             return
         labels = {
             LABEL_OWNER: OWNER, LABEL_GANG: a.name, LABEL_MODEL: a.model, LABEL_CAPACITY: a.capacity_type,
             LABEL_ZONE: a.zone, LABEL_SIZE: str(a.nodes), LABEL_CREATED: f"{la.created_s:.3f}",
         }
-        for _ in range(a.nodes):
+        for _ in range(a.nodes - la.have):
             for attempt in range(1, self.config.start_attempts + 1):
-                if la.done:
+                if la.done or self._closing.is_set():
                     return
                 try:
                     with self._start_lock:

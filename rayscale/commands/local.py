@@ -54,6 +54,9 @@ def register(sub: Any) -> None:
     root(ls)
     ls.add_argument("--json", action="store_true", help="print JSON")
     ls.set_defaults(handler=run_node_list)
+    rec = nsub.add_parser("recover", help="settle node starts a killed process left half-done (adopt or remove)")
+    root(rec)
+    rec.set_defaults(handler=run_node_recover)
 
 
 def _err(msg: str) -> int:
@@ -138,6 +141,17 @@ def run_node_remove(args: argparse.Namespace) -> int:
     except LocalClusterError as e:
         return _err(str(e))
     print(f"removed {args.id}")
+    return 0
+
+
+def run_node_recover(args: argparse.Namespace) -> int:
+    from rayscale.cluster.local import LocalCluster, LocalClusterError
+
+    try:
+        notes = LocalCluster.attach(args.root).recover()
+    except LocalClusterError as e:
+        return _err(str(e))
+    print("\n".join(notes) or "nothing to recover")
     return 0
 
 

@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from rayscale.cluster.local import LocalCluster, LocalClusterConfig, LocalClusterError
+from rayscale.cluster.actuator import LABEL_CREATED, LABEL_GANG, LABEL_MODEL, LABEL_OWNER, LABEL_SIZE, OWNER
+from rayscale.cluster.local import PAUSE_ENV, LocalCluster, LocalClusterConfig, LocalClusterError
+from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+from rayscale.core.act import GangPhase
+from rayscale.testing.waits import wait_for
 
 ROOT = Path("/tmp/rs-test-local")
 
@@ -151,6 +157,122 @@ def test_node_that_cannot_start_reports_its_log(cluster: LocalCluster) -> None:
         cluster.add_node("cpu", num_gpus=-1)
     with pytest.raises(ValueError, match="whole number"):
         cluster.add_node("cpu", resources={"slots": 0.5})
+
+
+def _add_node_killed_at(point: str, flavor: str, ready: Callable[[], object]) -> None:
+    """`rayscale local node add` in its own process, SIGKILLed while it pauses at ``point`` of the start."""
+    env = {**os.environ, PAUSE_ENV: f"{point}:60"}
+    cmd = [sys.executable, "-m", "rayscale.cli", "local", "node", "add", "--flavor", flavor, "--root", str(ROOT)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: ready() or p.poll() is not None, 60, f"the start to reach {point}")
+        assert p.poll() is None, p.stderr.read().decode()[-2000:] if p.stderr else ""
+    finally:
+        p.kill()
+        p.communicate(timeout=10)
+
+
+def _ray_start_of(node_id: str) -> list[psutil.Process]:
+    flag = f"--temp-dir={ROOT}/{node_id}"
+    return [q for q in processes_under(ROOT) if flag in q.cmdline()]
+
+
+def _state() -> dict[str, Any]:
+    return dict(json.loads((ROOT / "cluster.json").read_text()))
+
+
+def test_start_killed_after_spawn_is_adopted_and_its_id_stays_taken(cluster: LocalCluster) -> None:
+    # The starter dies after `ray start` is spawned, before its pid is recorded: the node runs on.
+    _add_node_killed_at("after-spawn", "l40s", lambda: _ray_start_of("l40s-1"))
+    (proc,) = _ray_start_of("l40s-1")
+    assert [r["pid"] for r in _state()["nodes"] if r["id"] == "l40s-1"] == [0]
+    # Reads see it (found by its temp dir) and write nothing, the actuator's gangs() included.
+    before = (ROOT / "cluster.json").read_bytes()
+    (seen,) = [n for n in cluster.nodes(include_dead=True) if n.id == "l40s-1"]
+    assert seen.alive and seen.pid == proc.pid
+    LocalActuator(cluster).gangs(time.time())
+    assert (ROOT / "cluster.json").read_bytes() == before
+    # The next start of the flavor takes a new id, whatever the old start left.
+    assert cluster.add_node("l40s", wait=False) == "l40s-2"
+    notes = cluster.recover()
+    assert any(n.startswith("adopted l40s-1") for n in notes), notes
+    assert [r["pid"] for r in _state()["nodes"] if r["id"] == "l40s-1"] == [proc.pid]
+    assert cluster.recover() == []  # settled: nothing more to do
+    adopted = cluster.wait_node("l40s-1", timeout_s=90)
+    assert adopted.ray_node_id and adopted.pid == proc.pid
+    for node_id in ("l40s-2", "l40s-1"):
+        cluster.remove_node(node_id, grace_s=0)
+    assert _ray_start_of("l40s-1") == [] and _ray_start_of("l40s-2") == []
+
+
+def test_start_killed_before_spawn_is_removed_and_its_id_not_reused(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The starter dies after recording the node, before spawning it: nothing runs for that record.
+    _add_node_killed_at("before-spawn", "trn1", lambda: any(r["id"] == "trn1-1" for r in _state()["nodes"]))
+    assert _ray_start_of("trn1-1") == []
+    (seen,) = [n for n in cluster.nodes(include_dead=True) if n.id == "trn1-1"]
+    assert seen.state == "EXITED"
+    assert main(["local", "node", "recover", "--root", str(ROOT)]) == 0
+    assert capsys.readouterr().out.strip() == "removed trn1-1: recorded, but its starter died before spawning it"
+    assert cluster.recover() == []
+    assert "trn1-1" not in [n.id for n in cluster.nodes(include_dead=True)]
+    assert not (ROOT / "trn1-1").exists()
+    # The id stays spent although no node, record or directory carries it any more.
+    assert cluster.add_node("trn1", wait=False) == "trn1-2"
+    cluster.remove_node("trn1-2", grace_s=0)
+
+
+def test_node_process_without_record_is_stopped_by_recover(cluster: LocalCluster) -> None:
+    # A record lost while its process runs (what an unlocked reader's stale write used to do)
+    node_id = cluster.add_node("h100", wait=False)
+    (proc,) = _ray_start_of(node_id)
+    with cluster._lock():
+        state = _state()
+        state["nodes"] = [r for r in state["nodes"] if r["id"] != node_id]
+        (ROOT / "cluster.json").write_text(json.dumps(state))
+    assert node_id not in [n.id for n in cluster.nodes(include_dead=True)]
+    assert cluster.recover() == [f"stopped {node_id}: its process {proc.pid} ran with no record"]
+    assert processes_under(ROOT / node_id) == [] and not (ROOT / node_id).exists()
+    # the counter, not the node list, gives ids
+    assert cluster.add_node("h100", wait=False) == "h100-2"
+    cluster.remove_node("h100-2", grace_s=0)
+
+
+def test_actuator_recover_starts_the_rest_of_a_partial_gang(cluster: LocalCluster) -> None:
+    # A controller died between the two nodes of a gang: one runs, its launcher is gone.
+    labels = {LABEL_OWNER: OWNER, LABEL_GANG: "g-a100", LABEL_MODEL: "m", LABEL_SIZE: "2",
+              LABEL_CREATED: f"{time.time():.3f}"}
+    cluster.add_node("a100", labels=labels, wait=False)
+    act = LocalActuator(cluster, LocalActuatorConfig(max_worker_nodes=3, drain_grace_s=0))
+    try:
+        assert act.recover(time.time()) == ["resumed g-a100: 1 of 2 nodes had started"]
+        (gang,) = wait_for(lambda: [g for g in act.gangs(time.time()) if g.phase == GangPhase.READY], 120,
+                           "the resumed gang to be ready")
+        assert gang.name == "g-a100" and gang.nodes == 2 and len(set(gang.node_ids)) == 2
+        assert sorted(n.id for n in cluster.nodes() if not n.is_head) == ["a100-1", "a100-2"]
+        assert act.recover(time.time()) == []  # whole now: nothing to resume
+        act.delete_gang("g-a100")
+        wait_for(lambda: [n.id for n in cluster.nodes(include_dead=True)] == ["head"], 60, "the gang to go")
+    finally:
+        act.close()
+
+
+def test_reads_wait_for_the_state_lock(cluster: LocalCluster) -> None:
+    # Another process holds the lock, as a writer does between reading and writing cluster.json: a
+    # reader waits for it rather than act on a state about to change.
+    code = (f"import fcntl, time; f = open({str(ROOT / '.lock')!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('locked', flush=True); time.sleep(2)")
+    readers: list[Callable[[], object]] = [cluster.nodes, lambda: cluster.node("head"), lambda: LocalCluster.attach(ROOT)]
+    for read in readers:
+        holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            start = time.monotonic()
+            read()
+            assert time.monotonic() - start > 1.0
+        finally:
+            holder.wait(10)
 
 
 def test_cli_drives_the_same_cluster(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
