@@ -39,7 +39,6 @@ from bench.common import span
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
 from rayscale.core.burst import BURST_BUDGET_SHARE
-from rayscale.core.estimate import EstimateSettings
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import load_spec
@@ -91,9 +90,8 @@ def _old_floor() -> Iterator[None]:
 
 
 def policy(mode: str, cfg: SimConfig) -> RayscalePolicy:
-    planner = replace(cfg.planner, downscale_delay_s=cfg.rayscale_downscale_delay_s or cfg.planner.downscale_delay_s)
-    return RayscalePolicy(forecaster=cfg.forecaster, planner=planner,
-                          est=EstimateSettings(burst_floor=mode != "closed" and cfg.burst_floor))
+    s = cfg.settings
+    return RayscalePolicy(replace(s, estimate=replace(s.estimate, burst_floor=mode != "closed")))
 
 
 def one(i: int, seed: int, mode: str) -> dict[str, Any]:

@@ -178,10 +178,12 @@ def run_rayscale(root: Path) -> dict[str, Any]:
     from rayscale.autoscale_demo import app_args
     from rayscale.cluster.local import LocalCluster, LocalClusterConfig
     from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-    from rayscale.controller.act import GangPhase
     from rayscale.controller.loop import Controller, ControllerConfig
     from rayscale.controller.serve_client import ServeClient
+    from rayscale.core.act import GangPhase
+    from rayscale.core.estimate import EstimateSettings
     from rayscale.core.plan import PlannerSettings
+    from rayscale.core.settings import Settings
     from rayscale.loadgen import wait_ready
     from rayscale.serve.app import build_app
     from rayscale.serve.weights import set_flavor_weights
@@ -202,9 +204,10 @@ def run_rayscale(root: Path) -> dict[str, Any]:
         actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=LAUNCH_DELAY_S,
                                                               max_worker_nodes=MAX_WORKERS))
         ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url or ""), MetricsScraper(),
-                         ControllerConfig(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0, app_name=APP,
-                                          decision_log=root / "decisions.jsonl",
-                                          planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
+                         ControllerConfig(Settings(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0,
+                                                   forecaster="last", estimate=EstimateSettings(),
+                                                   planner=PlannerSettings(downscale_delay_s=10.0, min_dwell_s=5.0)),
+                                          app_name=APP, decision_log=root / "decisions.jsonl"),
                          weights_sink=set_flavor_weights)
         ctl.start()
         url = f"http://{NODE_IP}:{port}"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
+from rayscale.core.settings import Settings
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import load_spec
 from rayscale.tables import format_table
@@ -28,7 +29,7 @@ from rayscale.tables import format_table
 def one(k: int, seed: int) -> list[tuple[str, float, float, float, float, float]]:
     """(trace, SLO cold, $ cold, SLO steady, $ steady, wall s) per trace for one K and seed."""
     cat = load_catalog()
-    cfg = SimConfig(seed=seed, mix_min_requests=k)
+    cfg = SimConfig(seed=seed, settings=replace(Settings(), mix_min_requests=k))
     out = []
     for name, (_, spec, rate) in zip(SHORT, CASES, strict=True):
         t0 = time.perf_counter()

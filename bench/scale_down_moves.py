@@ -24,7 +24,7 @@ from typing import Any
 from bench.common import span
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
-from rayscale.sim.policies import RayscalePolicy, make_policy
+from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import load_spec
 from rayscale.tables import format_table
@@ -33,10 +33,8 @@ MODEL = "mistral-7b"
 
 
 def policy(cfg: SimConfig, saving: float) -> RayscalePolicy:
-    p = make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s, cfg.burst_floor)
-    assert isinstance(p, RayscalePolicy)
-    p.planner = replace(p.planner, scale_down_move_saving=saving)
-    return p
+    s = cfg.settings
+    return RayscalePolicy(replace(s, planner=replace(s.planner, scale_down_move_saving=saving)))
 
 
 def one(i: int, saving: float, seed: int) -> dict[str, Any]:

@@ -11,7 +11,6 @@ target utilisation, headroom, scale-down delay) on the same three traces and tab
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import time
 from dataclasses import dataclass, replace
@@ -22,9 +21,8 @@ from rayscale.commands.simulate import render_table
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
-from rayscale.core.estimate import EstimateSettings, replica_capacity
-from rayscale.core.forecast import Forecaster, Seasonal
-from rayscale.core.plan import PlannerSettings
+from rayscale.core.estimate import replica_capacity
+from rayscale.core.settings import Settings
 from rayscale.sim.policies import POLICIES, OraclePolicy, Policy, RayscalePolicy, make_policy
 from rayscale.sim.simulator import SimConfig, SimResult, Simulation, simulate
 from rayscale.sim.sources import load_spec
@@ -47,46 +45,32 @@ class Variant:
     """One rayscale setting of the trade-off table."""
 
     label: str
-    forecaster: str = "trend"
+    forecaster: str = "peak"
     target_utilization: float = 0.8
     headroom: float = 0.0
-    downscale_delay_s: float = 120.0
-    burst_floor: bool = False
-
-    def forecaster_obj(self) -> str | Forecaster:
-        if self.forecaster.startswith("peak") and self.forecaster[4:].isdigit():
-            return Seasonal(peak_window=int(self.forecaster[4:]))
-        if self.forecaster.startswith("hold") and self.forecaster[4:].isdigit():  # peak hold, no season
-            return Seasonal(peak_window=int(self.forecaster[4:]), threshold=math.inf)
-        return self.forecaster
+    downscale_delay_s: float = 600.0
+    burst_floor: bool = True
 
     def policy(self, solver: str) -> RayscalePolicy:
-        return RayscalePolicy(
-            forecaster=self.forecaster_obj(),
-            planner=PlannerSettings(solver=solver, downscale_delay_s=self.downscale_delay_s),
-            est=EstimateSettings(target_utilization=self.target_utilization, headroom=self.headroom,
-                                 burst_floor=self.burst_floor))
+        s = Settings()
+        return RayscalePolicy(replace(
+            s, forecaster=self.forecaster,
+            planner=replace(s.planner, solver=solver, downscale_delay_s=self.downscale_delay_s),
+            estimate=replace(s.estimate, target_utilization=self.target_utilization, headroom=self.headroom,
+                             burst_floor=self.burst_floor)))
 
 
-DEFAULT = SimConfig()
 VARIANTS = [
-    Variant("previous default", "trend"),
+    Variant("shipped settings"),
     Variant("forecaster last", "last"),
+    Variant("forecaster trend", "trend"),
     Variant("forecaster seasonal", "seasonal"),
-    Variant("peak hold 15", "peak15"),
-    Variant("peak hold 30", "peak30"),
-    Variant("peak hold 60", "peak60"),
-    Variant("peak hold 60, no season", "hold60"),
+    Variant("no burst floor", burst_floor=False),
     Variant("utilisation 0.6", target_utilization=0.6),
+    Variant("utilisation 0.7", target_utilization=0.7),
     Variant("headroom 0.25", headroom=0.25),
-    Variant("headroom 0.5", headroom=0.5),
-    Variant("scale-down delay 600 s", downscale_delay_s=600.0),
+    Variant("scale-down delay 120 s", downscale_delay_s=120.0),
     Variant("scale-down delay 1800 s", downscale_delay_s=1800.0),
-    Variant("peak 60 + delay 600 s (default 2026-11-20..23)", "peak60", downscale_delay_s=600.0),
-    Variant("new default: peak 60 + delay 600 s + burst floor", "peak60",
-            downscale_delay_s=DEFAULT.rayscale_downscale_delay_s or 120.0, burst_floor=DEFAULT.burst_floor),
-    Variant("peak 60 + delay 600 s + utilisation 0.7", "peak60", target_utilization=0.7, downscale_delay_s=600.0),
-    Variant("peak 60 + delay 600 s + headroom 0.25", "peak60", headroom=0.25, downscale_delay_s=600.0),
 ]
 
 METHOD = """\
@@ -272,9 +256,7 @@ def engine_check(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[
     rows = []
     for i, tr in enumerate(traces):
         for name in ("rayscale", "stock"):
-            pol = (make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s,
-                               cfg.burst_floor)
-                   if name == "rayscale" else make_policy("stock", cfg.planner))
+            pol = make_policy(name, cfg.settings)
             r = simulate(cats[i], tr, pol, it_cfg)
             f = base[i][name]
             rows.append(f"{CASES[i][0][:28]:28s}  {name:8s}  {100 * f.slo_attainment:7.2f}%  "
@@ -309,7 +291,7 @@ def main() -> None:
     out = [f"# Simulated policies (seed {args.seed})\n",
            f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; `{cmd_line}`; model {cfg.model}, shipped "
            f"catalog; engine = fluid engine model (chunked prefill), tick {cfg.engine.tick_s} s; "
-           f"control period {cfg.control_period_s:g} s; planner solver {cfg.planner.solver}.\n", METHOD]
+           f"control period {cfg.control_period_s:g} s; planner solver {cfg.settings.planner.solver}.\n", METHOD]
     traces: list[Trace] = []
     cats: list[Catalog] = []
     base: dict[int, dict[str, SimResult]] = {}
@@ -319,10 +301,9 @@ def main() -> None:
         # The model declares the trace's request shape (`--request-mix trace`): what an operator knows of
         # the workload. It sizes the first minute and picks rayscale's prefill chunks (rayscale.core.chunk).
         cats.append(cat.with_request_mix(cfg.model, tr.request_mix()))
-        oracle = OraclePolicy(planner=cfg.planner)
-        pols: list[Policy] = [make_policy("rayscale", cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s,
-                                          cfg.burst_floor),
-                              make_policy("stock", cfg.planner), make_policy("static-peak", cfg.planner), oracle]
+        oracle = OraclePolicy(settings=cfg.settings)
+        pols: list[Policy] = [make_policy(name, cfg.settings) for name in ("rayscale", "stock", "static-peak")]
+        pols.append(oracle)
         results = [simulate(cats[i], tr, p, cfg) for p in pols]
         base[i] = {r.policy: r for r in results}
         cmd = f"rayscale simulate --trace {spec} --policy all --seed {args.seed} --request-mix trace"
@@ -355,7 +336,7 @@ def main() -> None:
                    "`peakN`: forecaster `Seasonal(peak_window=N)` (season detected in the history, never below "
                    "the highest rate of the last N one-minute windows); `holdN`: the same without the season. "
                    "/oracle and /stock: cost over the fluid oracle's and the stock stack's above.\n\n```\n"
-                   + run_tradeoffs(cats, traces, base, args.seed, cfg.planner.solver) + "\n```\n")
+                   + run_tradeoffs(cats, traces, base, args.seed, cfg.settings.planner.solver) + "\n```\n")
     out.append(shortfall_notes(cat, traces, cfg.model, steady))
     Path(args.out).write_text("\n".join(out))
 

@@ -13,14 +13,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rayscale.config import DEFAULT_DIR, load_settings
 from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits, RequestMixSpec
+from rayscale.core.settings import Settings
 
 MODEL = "mistral-7b"
 FLAVOR = "a10g"
 APP = "autoscale"
+
+
+def demo_settings() -> Settings:
+    """The shipped local-cluster settings (rayscale/data/settings-local.yaml): seconds, not minutes."""
+    return load_settings(Path(str(resources.files(DEFAULT_DIR))) / "settings-local.yaml")
 
 
 def local_stand_in_catalog(max_replicas: int = 3) -> Catalog:
@@ -169,10 +177,9 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     from ray import serve
 
     from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-    from rayscale.controller.act import ActSettings, GangPhase
     from rayscale.controller.loop import Controller, ControllerConfig
     from rayscale.controller.serve_client import ServeClient
-    from rayscale.core.plan import PlannerSettings
+    from rayscale.core.act import GangPhase
     from rayscale.loadgen import LoadGenConfig, replay, wait_ready
     from rayscale.serve.app import build_app
     from rayscale.serve.weights import set_flavor_weights
@@ -185,12 +192,7 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
     actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=3.0, max_worker_nodes=4))
     ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
-                     # Seconds instead of minutes (local nodes start in seconds), but a 30 s scale-down delay
-                     # so the on/off gaps inside the trace's burst do not churn nodes.
-                     ControllerConfig(period_s=2.0, window_s=20.0, fast_window_s=6.0, stale_after_s=8.0, app_name=APP,
-                                      decision_log=out_dir / "decisions.jsonl",
-                                      act=ActSettings(backoff_s=30.0),
-                                      planner=PlannerSettings(downscale_delay_s=30.0, min_dwell_s=10.0)),
+                     ControllerConfig(demo_settings(), app_name=APP, decision_log=out_dir / "decisions.jsonl"),
                      weights_sink=set_flavor_weights)
     from rayscale.controller.metrics import ControllerMetrics
 

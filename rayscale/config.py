@@ -1,4 +1,4 @@
-"""Loading configuration files: the catalog (models, flavors, profiles) and LOAD.yaml snapshots.
+"""Loading configuration files: the catalog (models, flavors, profiles), the settings and LOAD.yaml snapshots.
 
 The only place that reads these files; the core receives validated objects. Every error names the
 file and the field, and lists the allowed values where there is a fixed set.
@@ -6,17 +6,21 @@ file and the field, and lists the allowed values where there is a fixed set.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from rayscale.core.catalog import Catalog, CatalogError, Flavor, ModelSpec, Profile, profile_key
 from rayscale.core.loadfile import LoadFile
+from rayscale.core.settings import Settings
 
 DEFAULT_DIR = "rayscale.data"
+T = typing.TypeVar("T")
 
 
 def _read_yaml(path: Path) -> Any:
@@ -105,3 +109,49 @@ def load_loadfile(path: str | Path) -> LoadFile:
     except ValidationError as e:
         raise CatalogError("\n".join(
             f"{p}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())) from None
+
+
+def default_settings_path() -> Path:
+    return Path(str(resources.files(DEFAULT_DIR))) / "settings.yaml"
+
+
+def settings_from_mapping(data: Any, source: str = "settings") -> Settings:
+    """Settings from a mapping shaped like the record (``estimate:``, ``planner:``, ``act:`` nested); a
+    section overrides the keys it names and the rest keep the shipped values. Unknown keys, wrong types
+    and out-of-range values raise CatalogError naming ``source`` and the field."""
+    return _record(Settings(), {} if data is None else data, source, "")
+
+
+def _record(shipped: T, data: Any, source: str, at: str) -> T:
+    where = at or "(top level)"
+    if not isinstance(data, dict):
+        raise CatalogError(f"{source}: {where}: must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(type(shipped))
+    names = [f.name for f in dataclasses.fields(shipped)]  # type: ignore[arg-type]
+    changes: dict[str, Any] = {}
+    for key, value in data.items():
+        field = f"{at}.{key}" if at else str(key)
+        if key not in names:
+            raise CatalogError(f"{source}: {field}: unknown setting (allowed: {', '.join(names)})")
+        if dataclasses.is_dataclass(hints[key]):
+            changes[key] = _record(getattr(shipped, key), value, source, field)
+            continue
+        try:
+            changes[key] = TypeAdapter(hints[key]).validate_python(value, strict=isinstance(value, str))
+        except ValidationError as e:
+            raise CatalogError(f"{source}: {field}: {e.errors()[0]['msg']}, got {value!r}") from None
+    try:
+        return dataclasses.replace(shipped, **changes)  # type: ignore[type-var]
+    except ValueError as e:  # the record's own range checks name the field
+        raise CatalogError(f"{source}: {where}: {e}") from None
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """The settings file (the shipped one when ``path`` is None); every error names the file and field."""
+    p = Path(path) if path is not None else default_settings_path()
+    return settings_from_mapping(_read_yaml(p), str(p))
+
+
+def override_settings(base: Settings, changes: dict[str, Any], source: str) -> Settings:
+    """``base`` with the settings ``changes`` names (a nested mapping, as in the file), checked the same way."""
+    return _record(base, changes, source, "")

@@ -7,9 +7,10 @@ replicas are not its business; the controller joins the two views.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from rayscale.controller.act import CreateGang, Gang
+from rayscale.core.act import Action, CreateGang, DeleteGang, Gang, SetReplicas
 
 # Labels every rayscale-owned node / NodeClaim carries; the same keys locally and on Kubernetes.
 LABEL_OWNER = "rayscale.io/owned-by"
@@ -37,3 +38,21 @@ class Actuator(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def apply_actions(actions: Iterable[Action], actuator: Actuator, set_replicas: Callable[[str, str, int], None],
+                  now: float) -> list[str]:
+    """Carry out one step's actions in order (the step orders gangs before replicas, drains before
+    releases); a failed action is reported and the others still run. BackOff lives in the step's state."""
+    errors = []
+    for a in actions:
+        try:
+            if isinstance(a, CreateGang):
+                actuator.create_gang(a, now)
+            elif isinstance(a, DeleteGang):
+                actuator.delete_gang(a.name)
+            elif isinstance(a, SetReplicas):
+                set_replicas(a.model, a.flavor, a.replicas)
+        except Exception as e:  # one failed action must not stop the others or the loop
+            errors.append(f"{type(a).__name__} {a}: {e}")
+    return errors

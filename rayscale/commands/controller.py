@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
+import time
 from typing import Any
 
 from rayscale.commands.plan import add_catalog_args, catalog_from_args
-from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
+from rayscale.commands.settings_args import add_settings_args, settings_from_args
+from rayscale.core.settings import MIX_MAX_S
+from rayscale.signals.window import check_mix_span
 
 
 def register(sub: Any) -> None:
@@ -15,14 +20,12 @@ def register(sub: Any) -> None:
                        description="Observe, estimate, plan and act every period; one JSON decision record "
                                    "per period.")
     add_catalog_args(p)
+    add_settings_args(p)
     p.add_argument("--actuator", choices=["local", "kube"], default="local",
                    help="local: Ray nodes on this machine (`rayscale local up`); kube: Karpenter + KubeRay")
     p.add_argument("--root", default=None, help="local: cluster root dir (default: the one `local up` made)")
     p.add_argument("--launch-delay", type=float, default=5.0, help="local: seconds a node takes to 'launch'")
     p.add_argument("--max-nodes", type=int, default=3, help="local: worker nodes this machine may run")
-    p.add_argument("--launch-timeout-factor", type=float, default=None, metavar="X",
-                   help="a gang still pending after X times its flavor's node_startup_s is deleted whole and its "
-                        "flavor backed off (default 3; raise it on a busy machine where nodes start slowly)")
     p.add_argument("--namespace", default="rayscale", help="kube: namespace of the RayCluster")
     p.add_argument("--raycluster", default="rayscale", help="kube: the RayCluster whose worker groups rayscale owns")
     p.add_argument("--rayservice", default=None, metavar="NAME",
@@ -31,14 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--dashboard", default=None, help="kube: Ray dashboard URL (Serve API)")
     p.add_argument("--ray-address", default=None,
                    help="kube: Ray GCS address for metrics discovery (default: the dashboard host, port 6379)")
-    p.add_argument("--mix-min-requests", type=int, default=MIX_MIN_REQUESTS, metavar="N",
-                   help="the request mix spans at least N finished requests, reaching back up to 900 s when the "
-                        f"window holds fewer (0: the window only; default {MIX_MIN_REQUESTS})")
-    p.add_argument("--burst-floor", action="store_true",
-                   help="hold replicas that drain the last hour's bursts within each model's TTFT target "
-                        "(rayscale.core.burst; on in `rayscale simulate`, off here by default)")
     p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
-    p.add_argument("--period", type=float, default=5.0, help="seconds between reconciles (default 5)")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--detached", action="store_true",
@@ -57,11 +53,9 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from rayscale.cluster.actuator import Actuator
-    from rayscale.controller.act import ActSettings
     from rayscale.controller.loop import Controller, ControllerConfig, record_line
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
-    from rayscale.core.estimate import EstimateSettings
     from rayscale.serve.weights import set_flavor_weights
     from rayscale.signals.scrape import MetricsScraper
 
@@ -71,18 +65,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        act = ActSettings() if args.launch_timeout_factor is None else \
-            ActSettings(launch_timeout_factor=args.launch_timeout_factor)
-    except ValueError as e:
-        print(f"error: --launch-timeout-factor: {e}", file=sys.stderr)
-        return 2
-    try:
-        check_mix_span(args.mix_min_requests, MIX_MAX_S)
+        if args.mix_min_requests is not None:
+            check_mix_span(args.mix_min_requests, MIX_MAX_S)
     except ValueError as e:
         print(f"error: --mix-min-requests: {e}", file=sys.stderr)
         return 2
+    try:
+        settings = settings_from_args(args)
+    except CatalogError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.detached or args.stop:
         return _detached(args)
+    # SIGTERM from here on stops the controller cleanly (it may come while it still starts up)
+    term = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: term.set())
     actuator: Actuator
     if args.actuator == "local":
         from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster, LocalClusterError
@@ -97,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
             print("error: the local cluster runs without a dashboard (needed for Serve's API)", file=sys.stderr)
             return 2
         dashboard, address = cluster.dashboard_url, cluster.address
-        actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
-                                                              max_worker_nodes=args.max_nodes))
+        local = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
+                                                           max_worker_nodes=args.max_nodes))
+        # a previous controller may have been killed in the middle of a node start: settle it first
+        for note in local.recover(time.time()):
+            print(f"recover: {note}", flush=True)
+        actuator = local
     else:
         from kubernetes import client, config
 
@@ -117,26 +118,47 @@ def run(args: argparse.Namespace) -> int:
                                 KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
                                                    rayservice=args.rayservice))
     ray.init(address=address, logging_level=logging.ERROR)
-    ctl = Controller(cat, actuator, ServeClient(dashboard), MetricsScraper(),
-                     ControllerConfig(period_s=args.period, app_name=args.app, mix_min_requests=args.mix_min_requests,
-                                      decision_log=Path(args.decision_log), act=act,
-                                      estimate=EstimateSettings(burst_floor=args.burst_floor)),
+    serve_client, scraper = ServeClient(dashboard), MetricsScraper()
+    ctl = Controller(cat, actuator, serve_client, scraper,
+                     ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log)),
                      weights_sink=set_flavor_weights)
     from rayscale.controller.metrics import ControllerMetrics
 
     metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0")
     ctl.on_record(metrics.update)
     ctl.on_record(lambda r: print(record_line(r), flush=True))
+    _stop_on_sigterm(ctl, term)
     try:
         ctl.run(args.duration)
     except KeyboardInterrupt:
         pass
     finally:
         actuator.close()
+        serve_client.close()
+        scraper.close()
+        ray.shutdown()
+    if term.is_set():
+        print("rayscale controller: SIGTERM: stopped after the current period, closed the actuator; "
+              "gangs and replicas left running", flush=True)
     return 0
 
 
+def _stop_on_sigterm(ctl: Any, got: threading.Event) -> None:
+    """SIGTERM (Kubernetes, systemd, kill) stops the loop after the period under way; the caller then
+    closes what it opened and exits 0. Nothing is drained: a stopped controller leaves serving as it is.
+    Set again after ray.init(), whose native failure handler replaced the first one (it dumps stacks)."""
+
+    def handler(signum: int, frame: object) -> None:
+        got.set()
+        ctl.stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    if got.is_set():  # it came while the controller started: run() returns at once
+        ctl.stop()
+
+
 def _detached(args: argparse.Namespace) -> int:
+    import dataclasses
     import logging
 
     import ray
@@ -161,10 +183,9 @@ def _detached(args: argparse.Namespace) -> int:
         return 0
     actor = start_detached(ControllerSpec(
         root=root, models=args.models, flavors=args.flavors, profiles=args.profiles,
-        only_models=args.only_models, only_flavors=args.only_flavors, app=args.app, period_s=args.period,
+        only_models=args.only_models, only_flavors=args.only_flavors, app=args.app,
         launch_delay_s=args.launch_delay, max_nodes=args.max_nodes, decision_log=args.decision_log,
-        mix_min_requests=args.mix_min_requests, estimate={"burst_floor": args.burst_floor},
-        act={} if args.launch_timeout_factor is None else {"launch_timeout_factor": args.launch_timeout_factor}))
+        settings=dataclasses.asdict(settings_from_args(args))))
     st = ray.get(actor.status.remote(), timeout=120)
     print(f"detached controller running on the head node ({st}); stop it with `rayscale controller --stop`")
     return 0

@@ -8,7 +8,9 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
+from rayscale.commands.settings_args import add_settings_args, settings_from_args
+from rayscale.core.settings import MIX_MAX_S
+from rayscale.signals.window import check_mix_span
 
 if TYPE_CHECKING:
     from rayscale.core.catalog import RequestMixSpec
@@ -28,6 +30,7 @@ def register(sub: Any) -> None:
     from rayscale.commands.plan import add_catalog_args
 
     add_catalog_args(p)
+    add_settings_args(p)
     p.add_argument("--trace", required=True, help="trace file, or gen:KIND[:key=value,...]")
     p.add_argument("--policy", choices=POLICY_CHOICES, default="all")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
@@ -38,23 +41,14 @@ def register(sub: Any) -> None:
                         "--repeat N >= 2: the first pass (steady state: the controller has seen the trace once)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
-    p.add_argument("--control-period", type=float, default=5.0, help="policy period, seconds")
-    p.add_argument("--mix-min-requests", type=int, default=MIX_MIN_REQUESTS, metavar="N",
-                   help="the request mix policies see spans at least N requests, reaching back up to 900 s "
-                        f"(0: the signal window only; default {MIX_MIN_REQUESTS}, as the controller)")
     p.add_argument("--request-mix", metavar="trace|PROMPT,OUTPUT[,PROMPT_P95]",
                    help="declare the model's expected request shape, as models.yaml's request_mix: it sizes the "
                         "model before requests finish and picks each flavor's prefill chunk (vLLM "
                         "max_num_batched_tokens, rayscale.core.chunk); 'trace': the trace's own mean prompt, "
                         "mean output and p95 prompt. Default: the catalog's")
-    p.add_argument("--solver", choices=["auto", "exact", "greedy"], default="greedy",
-                   help="planner solver for rayscale/static-peak/oracle (default greedy, for speed)")
     p.add_argument("--prefill-contention", action=argparse.BooleanOptionalAction, default=True,
                    help="engines share prefill throughput with decode (chunked prefill, the default); "
                         "--no-prefill-contention gives the emulated engine's independent prefill")
-    p.add_argument("--burst-floor", action=argparse.BooleanOptionalAction, default=True,
-                   help="rayscale holds replicas that drain the last hour's bursts within the TTFT target "
-                        "(rayscale.core.burst; the default); --no-burst-floor sizes for the forecast alone")
     p.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
                    help="engine model: fluid (per-tick fluid model, the default, fast) or iteration (vLLM's scheduler "
                         "one engine iteration at a time: what bench/fidelity.py checks against real vLLM)")
@@ -69,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
 
     from rayscale.config import load_catalog
     from rayscale.core.catalog import CatalogError
-    from rayscale.core.plan import PlannerSettings
     from rayscale.sim.engine import EngineConfig
     from rayscale.sim.policies import POLICIES
     from rayscale.sim.simulator import SimConfig, simulate
@@ -79,11 +72,13 @@ def run(args: argparse.Namespace) -> int:
     # --model (shared with `plan`) names the simulated model; default: the project's default model.
     model = args.only_models[0] if args.only_models else "mistral-7b"
     try:
-        check_mix_span(args.mix_min_requests, MIX_MAX_S)
+        if args.mix_min_requests is not None:
+            check_mix_span(args.mix_min_requests, MIX_MAX_S)
     except ValueError as e:
         print(f"error: --mix-min-requests: {e}", file=sys.stderr)
         return 2
     try:
+        settings = settings_from_args(args)
         cat = load_catalog(args.models, args.flavors, args.profiles)
         if model not in cat.models:
             raise CatalogError(f"--model: unknown model {model!r}; allowed: {sorted(cat.models)}")
@@ -98,9 +93,7 @@ def run(args: argparse.Namespace) -> int:
         engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
-        cfg = SimConfig(model=model, seed=args.seed, control_period_s=args.control_period,
-                        planner=PlannerSettings(solver=args.solver), engine=engine, warmup_s=warmup,
-                        mix_min_requests=args.mix_min_requests, burst_floor=args.burst_floor)
+        cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup)
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

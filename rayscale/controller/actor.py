@@ -13,8 +13,6 @@ from typing import Any
 
 import ray
 
-from rayscale.signals.window import MIX_MIN_REQUESTS
-
 NAME = "rayscale-controller"
 NAMESPACE = "rayscale"
 
@@ -28,14 +26,10 @@ class ControllerSpec:
     only_models: list[str] | None = None
     only_flavors: list[str] | None = None
     app: str = "rayscale"
-    period_s: float = 5.0
     launch_delay_s: float = 5.0
     max_nodes: int = 3
     decision_log: str | None = None
-    mix_min_requests: int = MIX_MIN_REQUESTS
-    planner: dict[str, Any] = field(default_factory=dict)  # PlannerSettings fields
-    act: dict[str, Any] = field(default_factory=dict)  # ActSettings fields
-    estimate: dict[str, Any] = field(default_factory=dict)  # EstimateSettings fields
+    settings: dict[str, Any] = field(default_factory=dict)  # what it changes of the shipped settings
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -45,13 +39,10 @@ class ControllerActor:
 
         from rayscale.cluster.local import LocalCluster
         from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-        from rayscale.config import load_catalog
-        from rayscale.controller.act import ActSettings
+        from rayscale.config import load_catalog, settings_from_mapping
         from rayscale.controller.loop import Controller, ControllerConfig
         from rayscale.controller.metrics import ControllerMetrics
         from rayscale.controller.serve_client import ServeClient
-        from rayscale.core.estimate import EstimateSettings
-        from rayscale.core.plan import PlannerSettings
         from rayscale.serve.weights import set_flavor_weights
         from rayscale.signals.scrape import MetricsScraper
 
@@ -64,11 +55,13 @@ class ControllerActor:
             raise RuntimeError(f"the local cluster under {s.root} runs without a dashboard")
         self.actuator = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=s.launch_delay_s,
                                                                    max_worker_nodes=s.max_nodes))
+        import time
+
+        self.actuator.recover(time.time())  # Ray restarted this actor: settle a node start it was killed in
         self.ctl = Controller(cat, self.actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
-                              ControllerConfig(period_s=s.period_s, app_name=s.app, mix_min_requests=s.mix_min_requests,
-                                               decision_log=Path(s.decision_log) if s.decision_log else None,
-                                               planner=PlannerSettings(**s.planner), act=ActSettings(**s.act),
-                                               estimate=EstimateSettings(**s.estimate)),
+                              ControllerConfig(settings_from_mapping(s.settings, "ControllerSpec.settings"),
+                                               app_name=s.app,
+                                               decision_log=Path(s.decision_log) if s.decision_log else None),
                               weights_sink=set_flavor_weights)
         self.ctl.on_record(ControllerMetrics(cat).update)
         self._thread = threading.Thread(target=self.ctl.run, name="rayscale-controller", daemon=True)

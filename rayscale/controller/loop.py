@@ -16,68 +16,26 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rayscale.cluster.actuator import Actuator
-from rayscale.controller.act import (
-    ActSettings,
-    BackOff,
-    CreateGang,
-    DeleteGang,
-    Gang,
-    GangPhase,
-    SetReplicas,
-    decide,
-)
+from rayscale.cluster.actuator import Actuator, apply_actions
 from rayscale.controller.serve_client import ServeClient, ServeSnapshot
+from rayscale.core.act import Action, Gang, GangPhase
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
-from rayscale.core.estimate import (
-    Correction,
-    Demand,
-    EstimateSettings,
-    correction_smoothing,
-    estimate,
-    update_corrections,
-)
-from rayscale.core.forecast import FORECASTERS
-from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.route import flavor_weights
-from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.settings import Settings
+from rayscale.core.signals import Freshness, ModelSignals
+from rayscale.core.step import ServeView, StepContext, StepState, step
 from rayscale.signals.scrape import MetricsScraper
-from rayscale.signals.window import (
-    MIX_MAX_S,
-    MIX_MIN_REQUESTS,
-    Scrape,
-    aggregate,
-    arrival_rate,
-    check_mix_span,
-    mix_only,
-)
+from rayscale.signals.window import Scrape, aggregate, arrival_rate, mix_only
 
 
 @dataclass
 class ControllerConfig:
-    period_s: float = 5.0
-    window_s: float = 30.0
-    # A rise in arrivals counts over this shorter tail of the window too (fast up, slow down); None: off.
-    fast_window_s: float | None = 10.0
-    stale_after_s: float = 20.0
-    # The request mix spans at least this many finished requests, reaching back up to mix_max_s when the
-    # window holds fewer: its tail quantiles size replicas (bench/results/mix_window.md; 0: window only).
-    mix_min_requests: int = MIX_MIN_REQUESTS
-    mix_max_s: float = MIX_MAX_S
-    app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
-    forecaster: str = "last"
-    decision_log: Path | None = None
-    history_len: int = 24  # arrival-rate windows kept for the forecaster
-    # Arrivals per period kept this long (ModelSignals.arrival_counts): the bursts the estimator's burst
-    # floor sizes for when ``estimate.burst_floor`` is on (rayscale.core.burst).
-    burst_history_s: float = 3600.0
-    planner: PlannerSettings = field(default_factory=PlannerSettings)
-    act: ActSettings = field(default_factory=ActSettings)
-    estimate: EstimateSettings = field(default_factory=EstimateSettings)
+    """The shell's own knobs; every decision knob is in ``settings`` (rayscale.core.settings)."""
 
-    def __post_init__(self) -> None:
-        check_mix_span(self.mix_min_requests, self.mix_max_s)
+    settings: Settings = field(default_factory=Settings)
+    app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
+    decision_log: Path | None = None
 
 
 @dataclass
@@ -146,14 +104,10 @@ class Controller:
         self.clock = clock
         self.scrapes: deque[Scrape] = deque()
         self.mix_scrapes: deque[Scrape] = deque()  # older than the window's, trimmed to the mix's series
-        self.memory = PlannerMemory()
-        self.corrections: dict[tuple[str, str], Correction] = {}
-        self.demands: dict[str, Demand] | None = None  # last period's: where the estimator's searches start
-        self.unavailable: dict[tuple[str, str, str], float] = {}
-        self.rate_history: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.config.history_len))
-        self.last_mix: dict[str, RequestMix] = {}
+        self.state = StepState()
+        settings = self.config.settings
         self.arrivals: dict[str, deque[float]] = defaultdict(
-            lambda: deque(maxlen=max(int(self.config.burst_history_s / self.config.period_s), 1)))
+            lambda: deque(maxlen=max(int(settings.burst_history_s / settings.period_s), 1)))
         self._last_ok: Scrape | None = None
         self.records: list[DecisionRecord] = []
         self._stop = threading.Event()
@@ -169,86 +123,78 @@ class Controller:
 
     # --- one period -----------------------------------------------------------------------------------
     def reconcile(self) -> DecisionRecord:
-        cfg = self.config
+        cfg = self.config.settings
         t0 = self.clock()
         dur: dict[str, float] = {}
         errors: list[str] = []
 
-        # observe
         s = time.perf_counter()
         scrape = self.scraper.scrape(t0)
         errors += self.scraper.errors
         signals = aggregate(self._remember(scrape, t0), t0, cfg.window_s, cfg.stale_after_s,
                             self.catalog.models, fast_window_s=cfg.fast_window_s,
                             mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s)
+        signals = {m: self._with_arrivals(sig) for m, sig in signals.items()}
         serve = self.serve.snapshot()
         if not serve.ok:
             errors.append(serve.error)
         gangs = self.actuator.gangs(t0)
-        dur["observe"] = (time.perf_counter() - s) * 1000
-
-        # estimate
-        s = time.perf_counter()
-        signals = {m: self._with_history(sig) for m, sig in signals.items()}
-        self.corrections = update_corrections(self.catalog, signals, self.corrections,
-                                              smoothing=correction_smoothing(cfg.period_s))
-        demands = estimate(self.catalog, signals, self.corrections, FORECASTERS[cfg.forecaster], cfg.estimate,
-                           self.demands)
-        self.demands = demands
-        dur["estimate"] = (time.perf_counter() - s) * 1000
-
-        # plan: what exists (pending or ready gangs) is "current"
-        s = time.perf_counter()
-        current: dict[tuple[str, str, str], int] = defaultdict(int)
-        for g in gangs:
-            if g.phase != GangPhase.FAILED:
-                current[g.key] += 1
-        result, self.memory = plan(self.catalog, demands, dict(current), self.unavailable, t0, self.memory,
-                                   cfg.planner)
-        dur["plan"] = (time.perf_counter() - s) * 1000
-
-        # act
-        s = time.perf_counter()
-        actions = []
         if serve.ok:
             gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
-            sync = getattr(self.actuator, "sync_serving", None)
-            if sync is not None:  # Kubernetes: karpenter.sh/do-not-disrupt follows the replicas
-                try:
-                    sync(gangs)
-                except Exception as e:
-                    errors.append(f"sync_serving: {e}")
-            actions = decide(self.catalog, result.target(), gangs, serve.target, serve.running,
-                             self.unavailable, t0, cfg.act)
-            errors += self._apply(actions, serve, t0)
-            errors += self._route(demands, serve)
+            errors += self._sync_serving(gangs)
         else:
             errors.append("act skipped: Serve state unknown, nothing is changed")
+        dur["observe"] = (time.perf_counter() - s) * 1000
+
+        s = time.perf_counter()
+        view = ServeView(serve.target, serve.running) if serve.ok else None
+        result = step(StepContext(t0, self.catalog, signals, tuple(gangs), view, cfg, self.state))
+        self.state = result.state
+        dur["step"] = (time.perf_counter() - s) * 1000
+
+        s = time.perf_counter()
+        if serve.ok:
+            errors += self._apply(result.actions, serve, t0)
+            errors += self._route(dict(result.demands), serve)
         dur["act"] = (time.perf_counter() - s) * 1000
 
         rec = DecisionRecord(
             t=round(t0, 3),
-            signals={m: _sig_summary(sig) for m, sig in signals.items()},
-            plan=result.to_dict(),
-            actions=[{"type": type(a).__name__, **a.__dict__} for a in actions],
+            signals={m: _sig_summary(sig) for m, sig in result.signals.items()},
+            plan=result.plan.to_dict(),
+            actions=[{"type": type(a).__name__, **a.__dict__} for a in result.actions],
             errors=errors,
             durations_ms={k: round(v, 2) for k, v in dur.items()},
             gangs={g.name: g.phase.value for g in gangs},
             serve={f"{m}--{f}": n for (m, f), n in sorted(serve.target.items())},
             by_flavor=_by_flavor(gangs),
         )
+        self._publish(rec)
+        return rec
+
+    def _publish(self, rec: DecisionRecord) -> None:
         self.records.append(rec)
-        if cfg.decision_log:
-            with open(cfg.decision_log, "a") as f:
+        if self.config.decision_log:
+            with open(self.config.decision_log, "a") as f:
                 f.write(rec.to_json() + "\n")
         for fn in self._listeners:
             fn(rec)
-        return rec
+
+    def _sync_serving(self, gangs: list[Gang]) -> list[str]:
+        """Kubernetes: karpenter.sh/do-not-disrupt follows the replicas (a provider without it skips)."""
+        sync = getattr(self.actuator, "sync_serving", None)
+        if sync is None:
+            return []
+        try:
+            sync(gangs)
+        except Exception as e:
+            return [f"sync_serving: {e}"]
+        return []
 
     def _remember(self, scrape: Scrape, now: float) -> list[Scrape]:
         """The scrapes the next aggregate reads: whole ones for the window (and a margin), older ones
         trimmed to the request mix's series for as long as the mix may reach back."""
-        cfg = self.config
+        cfg = self.config.settings
         self.scrapes.append(scrape)
         if scrape.ok:
             prev = self._last_ok
@@ -266,39 +212,18 @@ class Controller:
             self.mix_scrapes.popleft()
         return [*self.mix_scrapes, *self.scrapes]
 
-    def _with_history(self, sig: ModelSignals) -> ModelSignals:
-        rate = sig.arrival_rate_rps
-        if sig.freshness != Freshness.FRESH or rate is None:
+    def _with_arrivals(self, sig: ModelSignals) -> ModelSignals:
+        """The signals with the arrivals counted per period (the burst floor's and the history's input)."""
+        if sig.freshness != Freshness.FRESH:
             return sig
-        # A window in which no request finished has no mix; the last one seen is a far better guess than
-        # the generic default (long outputs), which would size replicas for a load that is not there.
-        if sig.mix is not None:
-            self.last_mix[sig.model] = sig.mix
-        elif sig.model in self.last_mix:
-            sig = replace(sig, mix=self.last_mix[sig.model])
-        hist = self.rate_history[sig.model]
-        out = replace(sig, rate_history=tuple(hist), arrival_counts=tuple(self.arrivals[sig.model]),
-                      arrival_bin_s=self.config.period_s)
-        hist.append(rate)
-        return out
+        return replace(sig, arrival_counts=tuple(self.arrivals[sig.model]),
+                       arrival_bin_s=self.config.settings.period_s)
 
-    def _apply(self, actions: list[Any], serve: ServeSnapshot, now: float) -> list[str]:
-        errors = []
-        for a in actions:
-            try:
-                if isinstance(a, BackOff):
-                    self.unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
-                elif isinstance(a, CreateGang):
-                    self.actuator.create_gang(a, now)
-                elif isinstance(a, DeleteGang):
-                    self.actuator.delete_gang(a.name)
-                elif isinstance(a, SetReplicas):
-                    app = serve.app_of.get((a.model, a.flavor), self.config.app_name)
-                    self.serve.scale(app, a.model, a.flavor, a.replicas)
-            except Exception as e:  # one failed action must not stop the others or the loop
-                errors.append(f"{type(a).__name__} {a}: {e}")
-        self.unavailable = {k: u for k, u in self.unavailable.items() if u > now}
-        return errors
+    def _apply(self, actions: tuple[Action, ...], serve: ServeSnapshot, now: float) -> list[str]:
+        def scale(model: str, flavor: str, replicas: int) -> None:
+            self.serve.scale(serve.app_of.get((model, flavor), self.config.app_name), model, flavor, replicas)
+
+        return apply_actions(actions, self.actuator, scale, now)
 
     def _route(self, demands: dict[str, Any], serve: ServeSnapshot) -> list[str]:
         """Push the core's routing weights to the ingress when they change."""
@@ -325,7 +250,7 @@ class Controller:
             except Exception as e:  # keep the loop alive; the record of the next period says more
                 self.records.append(DecisionRecord(self.clock(), {}, {}, [], [f"reconcile failed: {e!r}"], {},
                                                    {}, {}))
-            self._stop.wait(max(0.0, self.config.period_s - (time.monotonic() - start)))
+            self._stop.wait(max(0.0, self.config.settings.period_s - (time.monotonic() - start)))
 
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.run, name="rayscale-controller", daemon=True)

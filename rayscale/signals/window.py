@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rayscale.core.settings import MIX_MAX_S
 from rayscale.core.signals import MIX_QUANTILES, FlavorObservation, Freshness, ModelSignals, RequestMix
 
 Labels = tuple[tuple[str, str], ...]
@@ -92,10 +93,6 @@ def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
     return None if any(q is None for q in qs) else tuple(max(q or 0.0, 1.0) for q in qs)
 
 
-# The request mix spans at least this many finished requests, reaching back up to MIX_MAX_S when the window
-# holds fewer (bench/results/mix_window.md): the defaults of the controller and the simulator.
-MIX_MIN_REQUESTS = 1000
-MIX_MAX_S = 900.0
 
 
 def check_mix_span(mix_min_requests: int, mix_max_s: float) -> None:

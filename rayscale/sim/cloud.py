@@ -76,6 +76,8 @@ class ActuatorConfig:
 class GangState(StrEnum):
     WAITING = "waiting"  # decided, NodeClaims not created yet (provision delay / Karpenter batch)
     PROVISIONING = "provisioning"  # nodes launching
+    READY = "ready"  # every node up, no replica on it (a gang the controller created, before Serve places one)
+    FAILED = "failed"  # a named gang the cloud gave up on (capacity error): nodes gone, until the controller deletes it
     STARTING = "starting"  # all nodes Ready, replica loading the model
     LIVE = "live"
     DRAINING = "draining"
@@ -112,6 +114,13 @@ class Gang:
     engine_rid: int | None = None
     t_live: float | None = None
     attempts: int = 0
+    # Gangs a controller created through the provider interface (rayscale.sim.provider) carry its name: their
+    # nodes come up without a replica (Serve places one when told), and a capacity error or a spot notice
+    # fails the gang for the controller to replace, as Karpenter deletes the NodeClaim.
+    name: str | None = None
+    failed: str = ""  # why the cloud gave up on it
+    deleted: bool = False  # the controller deleted it; it only finishes draining
+    t_phase: float = 0.0  # when it entered its current phase (the controller's launch timeout counts from it)
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,8 @@ class Cluster:
         self._shapes: dict[tuple[str, str], GangShape] = {}
         self._draining: set[int] = set()
         self._stopped: list[int] = []
+        self.serve_target: dict[str, int] = {}  # named gangs: Serve's replica target per flavor
+        self.by_name: dict[str, Gang] = {}
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
@@ -283,7 +294,7 @@ class Cluster:
             if other.flavor == g.flavor and other.zone:
                 taken[other.zone] = taken.get(other.zone, 0) + 1
         blocked = [k for k, until in self.unavailable.items() if until > now]
-        zone = choose_zone(fl, ct, blocked, taken)
+        zone = g.zone if g.name is not None and g.zone else choose_zone(fl, ct, blocked, taken)
         if zone is None:
             self._stop(g, now)  # every zone backed off: the policy sees the replica missing and re-plans
             return
@@ -322,12 +333,19 @@ class Cluster:
         return p > 0 and bool(self.rng.random() < p)
 
     def _nodes_ready(self, g: Gang, now: float, instant: bool = False) -> None:
-        g.state = GangState.STARTING
         for node in g.nodes:
             if node.capacity_type == CapacityType.SPOT.value and not self.act.instant:
                 rate = self.cloud.spot_interruptions_per_node_h
                 if rate > 0:
                     self._push(now + float(self.rng.exponential(3600.0 / rate)), "notice", node.id)
+        if g.name is not None:  # Serve places a replica when its target asks for one
+            g.state, g.t_phase = GangState.READY, now
+            self._place(g.flavor, now, instant)
+            return
+        self._start_replica(g, now, instant)
+
+    def _start_replica(self, g: Gang, now: float, instant: bool = False) -> None:
+        g.state = GangState.STARTING
         prof = self.catalog.profile(self.model, g.flavor)
         delay = 0.0 if instant else self._lognormal(prof.startup_s, self.cloud.replica_startup_sigma)
         if delay <= 0:
@@ -362,6 +380,8 @@ class Cluster:
             self.engine.kill(g.engine_rid, now)
         g.state = GangState.STOPPED
         self._stopped.append(g.id)
+        if g.name is not None:
+            self.by_name.pop(g.name, None)
         if g.id in self._batch:
             self._batch.remove(g.id)
         for node in g.nodes:
@@ -389,6 +409,76 @@ class Cluster:
         self._closed_node_h += h
         self._closed_idle_h += h - node.serving_s / 3600.0
 
+    def _drained(self, g: Gang, now: float) -> None:
+        """A replica that finished (or timed out) draining: its nodes go, or, for a gang the controller
+        still holds, stay up without a replica until it is deleted or given one."""
+        if g.name is None or g.deleted or g.failed:
+            self._stop(g, now)
+            return
+        self._unserve(g, now)
+        g.state, g.t_phase = GangState.READY, now
+        self._place(g.flavor, now)
+
+    def _unserve(self, g: Gang, now: float) -> None:
+        if g.engine_rid is not None:
+            self.engine.kill(g.engine_rid, now)
+            g.engine_rid = None
+        for node in g.nodes:
+            if node.serve_since is not None:
+                node.serving_s += now - node.serve_since
+                node.serve_since = None
+
+    # --- the provider interface's side (named gangs; rayscale.sim.provider) --------------------------
+
+    def create_named(self, name: str, flavor: str, ct: str, zone: str, now: float, warm: bool = False) -> None:
+        if name in self.by_name:
+            return  # idempotent, as a provider's create is
+        g = Gang(self._id(), flavor, ct, self.shape(flavor, ct), GangState.WAITING, now, zone=zone, name=name,
+                 t_phase=now)
+        self.gangs[g.id] = g
+        self.by_name[name] = g
+        if warm or self.act.instant:
+            self._launch(g, now, warm=warm)
+        else:
+            self._push(now + self.act.provision_delay_s, "launch", g.id)
+
+    def delete_named(self, name: str, now: float) -> None:
+        g = self.by_name.pop(name, None)
+        if g is None:
+            return
+        g.deleted = True
+        if g.state == GangState.LIVE:
+            self._remove(g, now)  # drains, then _drained stops it
+        elif g.state != GangState.DRAINING:
+            self._stop(g, now)
+        self._place(g.flavor, now)
+
+    def set_serve_target(self, flavor: str, n: int, now: float, instant: bool = False) -> None:
+        """Serve's replica target for a flavor; ``instant``: replicas already loaded (a warm start)."""
+        self.serve_target[flavor] = n
+        self._place(flavor, now, instant)
+
+    def named(self) -> list[Gang]:
+        return list(self.by_name.values())
+
+    def _place(self, flavor: str, now: float, instant: bool = False) -> None:
+        """Serve's replicas of this flavor follow its target: new ones go onto ready gangs without one (oldest
+        first), surplus ones stop (starting ones first, then the least busy live ones drain)."""
+        want = self.serve_target.get(flavor, 0)
+        held = [g for g in self.named() if g.flavor == flavor and not g.failed]
+        serving = [g for g in held if g.state in (GangState.STARTING, GangState.LIVE)]
+        free = sorted((g for g in held if g.state == GangState.READY), key=lambda g: (g.t_phase, g.id))
+        for g in free[: max(want - len(serving), 0)]:
+            self._start_replica(g, now, instant)
+        if len(serving) > want:
+            serving.sort(key=lambda g: (g.state == GangState.LIVE, -g.t_created if g.state != GangState.LIVE
+                                        else self.engine.running(g.engine_rid or 0), g.id))
+            for g in serving[: len(serving) - want]:
+                if g.state == GangState.LIVE:
+                    self._remove(g, now)
+                else:
+                    g.state, g.t_phase = GangState.READY, now  # its "live" event finds it not starting
+
     # --- the clock ------------------------------------------------------------------------------
 
     def advance(self, now: float) -> None:
@@ -403,7 +493,7 @@ class Cluster:
                 if g is None or g.state != GangState.DRAINING:
                     self._draining.discard(gid)
                 elif g.engine_rid is not None and self.engine.idle(g.engine_rid):
-                    self._stop(g, now)
+                    self._drained(g, now)
                     self._draining.discard(gid)
         if self._stopped:
             for gid in self._stopped:
@@ -447,6 +537,9 @@ class Cluster:
             for node in g.nodes:  # a gang is all or nothing: give back the nodes that did launch
                 self._release(node, t)
             g.nodes = []
+            if g.name is not None:  # Karpenter deletes the claim; the controller sees the gang fail
+                g.state, g.failed = GangState.FAILED, f"insufficient capacity in {g.zone}"
+                return
             g.state = GangState.WAITING
             self._launch(g, t)  # another zone, or stop if none is left
         elif kind == "notice":
@@ -456,24 +549,28 @@ class Cluster:
             self.spot_interruptions += 1
             self._push(t + self.cloud.spot_notice_s, "reclaim", node.id)
             g = self.gangs.get(node.gang) if node.gang is not None else None
+            if g is not None and g.name is not None:
+                g.failed = f"spot interruption notice for {node.id}"
             if g is not None:
                 if g.state == GangState.LIVE:
                     g.state = GangState.DRAINING
                     self._draining.add(g.id)
                     assert g.engine_rid is not None
                     self.engine.drain(g.engine_rid)
-                elif g.state in (GangState.PROVISIONING, GangState.STARTING):
+                elif g.state in (GangState.PROVISIONING, GangState.STARTING, GangState.READY):
                     self._stop(g, t, linger=False)
         elif kind == "reclaim":
             node = self.nodes[obj]
             g = self.gangs.get(node.gang) if node.gang is not None else None
             if g is not None:
                 self._stop(g, t, linger=False)
+                if g.name is not None:
+                    self._place(g.flavor, t)
             self._release(node, t)
         elif kind == "drain_timeout":
             g = self.gangs.get(obj)
             if g is not None and g.state == GangState.DRAINING:
-                self._stop(g, t)
+                self._drained(g, t)
         elif kind == "release":
             node = self.nodes[obj]
             if node.gang is None:

@@ -1,7 +1,7 @@
 """Scaling policies the simulator compares. None of them copies the core's policy:
 
-- ``rayscale``: rayscale.core.estimate.estimate / update_corrections and rayscale.core.plan.plan with its
-  PlannerMemory, fed ModelSignals built from the simulated metrics every control period;
+- ``rayscale``: the product's own ``rayscale.core.step.step`` with the shipped settings, fed ModelSignals built
+  from the simulated metrics every control period, acting through the simulated cloud's provider;
 - ``stock``: Ray Serve's default autoscaling policy, Ray's own functions (replica_queue_length_autoscaling_policy,
   _apply_scaling_factors, _apply_delay_logic with the simulated clock), then KubeRay + Karpenter: one GPU
   flavor (a10g), the cheapest instance that fits one pending pod, batched (idle 1 s, max 10 s), idle nodes
@@ -16,33 +16,34 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from rayscale.cluster.actuator import apply_actions
+from rayscale.core.act import CreateGang
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import (
     Correction,
     Demand,
     EstimateSettings,
-    correction_smoothing,
     estimate,
-    update_corrections,
 )
 from rayscale.core.forecast import FORECASTERS, Forecaster
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
+from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix, length_quantiles
+from rayscale.core.step import StepContext, StepState, step
 from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
+from rayscale.sim.provider import SimProvider
 
 if TYPE_CHECKING:
     from rayscale.sim.simulator import Simulation
 
 POLICIES = ("rayscale", "stock", "static-peak", "oracle")
-_PLANNER = PlannerSettings()
-_EST = EstimateSettings()
 
 
 @dataclass(frozen=True)
@@ -121,56 +122,50 @@ def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, sim: Simu
 
 
 class RayscalePolicy(Policy):
+    """The product: ``rayscale.core.step.step`` with the given settings (the shipped ones by default), acting
+    through the simulated cloud's provider (rayscale.sim.provider) as the controller acts through its own."""
+
     name = "rayscale"
 
-    def __init__(self, forecaster: str | Forecaster = "peak", planner: PlannerSettings = _PLANNER,
-                 est: EstimateSettings = _EST, startup_horizon_s: float | None = None) -> None:
-        self.forecaster = forecaster
-        self.planner = planner
-        self.est = est
-        self.memory: PlannerMemory | None = None
-        self.corrections: dict[tuple[str, str], Correction] = {}
-        self.demands: dict[str, Demand] | None = None
-        self.horizon_s = startup_horizon_s
-        self.fc: Forecaster = FORECASTERS["last"]
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.state = StepState()
+        self.provider: SimProvider | None = None
 
-    @property
-    def forecaster_name(self) -> str:
-        return self.forecaster if isinstance(self.forecaster, str) else type(self.forecaster).__name__
+    def _step(self, now: float, sim: Simulation, signals: ModelSignals, warm: bool = False) -> None:
+        provider = self.provider
+        assert provider is not None
+        provider.now = now
+        ctx = StepContext(now, sim.catalog, {sim.model: signals}, tuple(provider.gangs(now)),
+                          provider.serve_view(), self.settings, self.state)
+        result = step(ctx)
+        self.state = result.state
+        if warm:  # the fleet this load needs, already up and serving at t=0
+            for a in result.actions:
+                if isinstance(a, CreateGang):
+                    sim.cluster.create_named(a.name, a.flavor, a.capacity_type, a.zone, now, warm=True)
+            for f in {a.flavor for a in result.actions if isinstance(a, CreateGang)}:
+                n = sum(1 for g in sim.cluster.named() if g.flavor == f)
+                sim.cluster.set_serve_target(f, n, now, instant=True)
+            return
+        if any(isinstance(a, CreateGang) for a in result.actions):
+            sim.cluster.scale_up_events += 1
+        apply_actions(result.actions, provider, provider.set_replicas, now)
 
     def warm_start(self, sim: Simulation) -> None:
-        fc = self.forecaster
-        if isinstance(fc, str):
-            if fc not in FORECASTERS:
-                raise ValueError(f"unknown forecaster {fc!r}; allowed: {sorted(FORECASTERS)}")
-            fc = FORECASTERS[fc]
-        if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
-            # Look as far ahead as ordered capacity takes to arrive (node start + replica start).
-            horizon = self.horizon_s if self.horizon_s is not None else sim.typical_startup_s()
-            fc = replace(fc, horizon=max(1, round(horizon / sim.cfg.history_window_s)))
-        self.fc = fc
-        sig = sim.initial_signals()
-        targets, self.memory, _, self.demands = _plan_targets(sim.catalog, sim.model, sig, sim, 0.0, None, {},
-                                                              self.fc, self.est, self.planner)
-        for (f, ct), n in sorted(targets.items()):
-            for _ in range(n):
-                sim.cluster.place_warm(f, ct, 0.0)
+        self.provider = SimProvider(sim.cluster, sim.model)
+        self._step(0.0, sim, sim.initial_signals(), warm=True)
 
     def control(self, now: float, sim: Simulation) -> None:
-        sig = sim.signals(now)
-        self.corrections = update_corrections(sim.catalog, {sim.model: sig}, self.corrections,
-                                              smoothing=correction_smoothing(sim.cfg.control_period_s))
-        targets, self.memory, _, self.demands = _plan_targets(
-            sim.catalog, sim.model, sig, sim, now, self.memory, self.corrections, self.fc, self.est, self.planner,
-            dict(sim.cluster.unavailable), self.demands)
-        _apply(sim, targets, now)
+        self._step(now, sim, sim.signals(now))
 
 
 class StaticPeakPolicy(Policy):
     name = "static-peak"
 
-    def __init__(self, planner: PlannerSettings = _PLANNER, est: EstimateSettings = _EST):
-        self.planner, self.est = planner, est
+    def __init__(self, settings: Settings | None = None):
+        settings = settings or Settings()
+        self.planner, self.est = settings.planner, settings.estimate
         self.memory: PlannerMemory | None = None
         self.sig: ModelSignals | None = None
         self.demands: dict[str, Demand] | None = None
@@ -226,10 +221,12 @@ class OraclePolicy(Policy):
     name = "oracle"
     actuator = ActuatorConfig(provision_delay_s=0.0, instant=True, drain_timeout_s=3600.0)
 
-    def __init__(self, lookahead_s: float = 60.0, est: EstimateSettings = _EST,
-                 planner: PlannerSettings = _PLANNER, capacity: CapacitySettings | None = None) -> None:
+    def __init__(self, lookahead_s: float = 60.0, settings: Settings | None = None,
+                 capacity: CapacitySettings | None = None) -> None:
+        settings = settings or Settings()
+        planner = settings.planner
         self.lookahead_s = lookahead_s
-        self.est = est
+        self.est = settings.estimate
         # No hysteresis: with instant nodes the oracle follows demand exactly.
         self.planner = PlannerSettings(hysteresis_band=0.0, downscale_headroom=0.0, downscale_delay_s=0.0,
                                        min_dwell_s=0.0, dwell_covers_startup=False,
@@ -418,20 +415,16 @@ class StockPolicy(Policy):
         sim.cluster.set_target(self.cfg.flavor, CapacityType.ON_DEMAND.value, self.target, now)
 
 
-def make_policy(name: str, planner: PlannerSettings = _PLANNER, forecaster: str = "peak",
-                downscale_delay_s: float | None = None, burst_floor: bool = False) -> Policy:
-    """A policy by name; ``forecaster``, ``downscale_delay_s`` (None: the planner's) and ``burst_floor``
-    (EstimateSettings.burst_floor) are rayscale's."""
+def make_policy(name: str, settings: Settings | None = None) -> Policy:
+    """A policy by name; rayscale, static-peak and oracle plan with ``settings`` (the shipped ones by default)."""
     if name == "rayscale":
-        if downscale_delay_s is not None:
-            planner = replace(planner, downscale_delay_s=downscale_delay_s)
-        return RayscalePolicy(forecaster=forecaster, planner=planner, est=replace(_EST, burst_floor=burst_floor))
+        return RayscalePolicy(settings)
     if name == "stock":
         return StockPolicy()
     if name == "static-peak":
-        return StaticPeakPolicy(planner=planner)
+        return StaticPeakPolicy(settings)
     if name == "oracle":
-        return OraclePolicy(planner=planner)
+        return OraclePolicy(settings=settings)
     raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(POLICIES)}, all")
 
 

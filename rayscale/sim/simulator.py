@@ -19,9 +19,8 @@ import numpy as np
 
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
-from rayscale.core.plan import PlannerSettings
+from rayscale.core.settings import Settings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
-from rayscale.signals.window import MIX_MAX_S, MIX_MIN_REQUESTS, check_mix_span
 from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, CloudTotals, Cluster
 from rayscale.sim.engine import DONE, FAILED, EngineConfig, make_engine, p95
@@ -33,45 +32,33 @@ from rayscale.sim.trace import Trace
 class SimConfig:
     model: str = "mistral-7b"
     seed: int = 0
-    control_period_s: float = 5.0
-    signal_window_s: float = 30.0  # arrival rate, mix and latency percentiles the controller sees
-    # The request mix (lengths and their quantiles) spans at least this many requests, reaching back up to
-    # mix_max_s when the signal window holds fewer (0: the signal window only). As the controller's.
-    mix_min_requests: int = MIX_MIN_REQUESTS
-    mix_max_s: float = MIX_MAX_S
-    history_window_s: float = 60.0  # one forecaster sample per this long
-    history_len: int = 120
-    # Arrivals per control period over this long reach the policies (ModelSignals.arrival_counts), and
-    # rayscale holds the burst floor of them (rayscale.core.burst; bench/results/burst_floor.md).
-    burst_history_s: float = 3600.0
-    burst_floor: bool = True
+    # The product's settings (rayscale.core.settings): the control period, the signal windows, the request
+    # mix's reach and the forecaster's history are the controller's; rayscale's policy runs them verbatim.
+    settings: Settings = field(default_factory=Settings)
     drain_tail_s: float = 900.0  # after the last arrival, run until everything finished or this long
     # Requests arriving before this are served but not scored, and cost accrues from it on: a controller
     # that has run for a while has a fleet and a rate history; a simulation starting empty has neither.
     # With --repeat 2 and the trace's length, the second pass is measured in steady state.
     warmup_s: float = 0.0
     timeline_bucket_s: float = 60.0
-    # rayscale's settings in the simulator (bench/results/sim_policies.md, "rayscale settings"): the
-    # peak-hold seasonal forecaster and a scale-down delay about as long as a replica takes to start
-    # raised SLO attainment on every recorded trace over the previous ones (forecaster "trend", 120 s)
-    # and over the controller's (forecaster "last"). The live controller's defaults are unchanged.
-    forecaster: str = "peak"
-    rayscale_downscale_delay_s: float | None = 600.0  # None: planner.downscale_delay_s
-    # The greedy solver keeps a 5 s control period affordable (the exact MILP costs 20-120 ms a call);
-    # pass PlannerSettings(solver="auto") to replay the controller's default exactly.
-    planner: PlannerSettings = field(default_factory=lambda: PlannerSettings(solver="greedy"))
     engine: EngineConfig = field(default_factory=EngineConfig)
     # How the oracle measures per-replica capacity at the SLO (rayscale.sim.capacity).
     oracle_capacity: CapacitySettings = field(default_factory=CapacitySettings)
     cloud: CloudConfig = field(default_factory=CloudConfig)
 
     def __post_init__(self) -> None:
-        for name in ("control_period_s", "signal_window_s", "history_window_s", "timeline_bucket_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.timeline_bucket_s > 0:
+            raise ValueError(f"timeline_bucket_s must be > 0, got {self.timeline_bucket_s}")
         if not self.warmup_s >= 0:
             raise ValueError(f"warmup_s must be >= 0, got {self.warmup_s}")
-        check_mix_span(self.mix_min_requests, self.mix_max_s)
+
+    @property
+    def control_period_s(self) -> float:
+        return self.settings.period_s
+
+    @property
+    def signal_window_s(self) -> float:
+        return self.settings.window_s
 
 
 @dataclass
@@ -140,8 +127,6 @@ class Simulation:
         self._done: deque[tuple[float, np.ndarray]] = deque()  # (tick end, finished trace indices)
         self._ongoing: deque[tuple[float, float]] = deque()
         self._ongoing_sum = 0.0
-        self._history: deque[float] = deque(maxlen=cfg.history_len)
-        self._next_hist = cfg.history_window_s
         self._last_mix: RequestMix | None = None
         self._counts: tuple[float, tuple[float, ...]] = (-1.0, ())  # (window end, arrival counts)
         self._samples: list[tuple[float, float, dict[str, int], int]] = []
@@ -164,11 +149,12 @@ class Simulation:
         """Arrivals per control period over the burst_history_s (from t=0 on) up to the last whole history
         window, oldest first. Whole windows: the same tuple for a minute, so the estimator's burst rate of it
         is computed once a minute, not every period (an hour's statistic; 12 s of a simulated day's 120)."""
-        b = self.cfg.control_period_s
-        end = math.floor(now / self.cfg.history_window_s) * self.cfg.history_window_s
+        st = self.cfg.settings
+        b = st.period_s
+        end = math.floor(now / st.history_window_s) * st.history_window_s
         if self._counts[0] == end:
             return self._counts[1]
-        n = min(int(self.cfg.burst_history_s / b), int(end / b))
+        n = min(int(st.burst_history_s / b), int(end / b))
         out: tuple[float, ...] = ()
         if n > 0:
             idx = np.searchsorted(self.arr, end - b * np.arange(n, -1, -1), side="left")
@@ -208,7 +194,8 @@ class Simulation:
         w = min(self.cfg.signal_window_s, max(now, self.cfg.control_period_s))
         lo, hi = self._count(now - w, now)
         rate = (hi - lo) / w
-        k, span = self.cfg.mix_min_requests, self.cfg.mix_max_s if self.cfg.mix_min_requests else 0.0
+        k = self.cfg.settings.mix_min_requests
+        span = self.cfg.settings.mix_max_s if k else 0.0
         while self._done and self._done[0][0] < now - max(self.cfg.signal_window_s, span):
             self._done.popleft()
         cut = now - self.cfg.signal_window_s
@@ -258,7 +245,7 @@ class Simulation:
             waiting=float(eng.waiting), running=float(eng.in_flight),
             ttft_p95_s=p95(ttft) if len(ttft) else None,
             tpot_p95_s=p95(tpot) if len(tpot) else None,
-            kv_usage=eng.kv_usage(), per_flavor=per_flavor, rate_history=tuple(self._history),
+            kv_usage=eng.kv_usage(), per_flavor=per_flavor,
             arrival_counts=self.arrival_counts(now), arrival_bin_s=self.cfg.control_period_s,
         )
 
@@ -316,10 +303,6 @@ class Simulation:
             self._ongoing_sum += ongoing
             if len(self._ongoing) > 4096:  # keep the window bounded even if nobody reads it
                 self.mean_ongoing(T, 600.0)
-            while self._next_hist <= T + 1e-9:
-                lo, hi = self._count(self._next_hist - cfg.history_window_s, self._next_hist)
-                self._history.append((hi - lo) / cfg.history_window_s)
-                self._next_hist += cfg.history_window_s
             if bar is not None and ticks % 400 == 0:
                 bar.update(min(T, last) - bar.n)
             if last < T and eng.q_head >= n and eng.in_flight == 0:
@@ -424,6 +407,6 @@ def _progress(total: float, enabled: bool) -> Any:
 def simulate(catalog: Catalog, trace: Trace, policy: str | Policy, cfg: SimConfig = SimConfig(),
              progress: bool = False) -> SimResult:
     """Run one policy over a trace. ``policy`` is a name (rayscale, stock, static-peak, oracle) or a Policy."""
-    pol = (make_policy(policy, cfg.planner, cfg.forecaster, cfg.rayscale_downscale_delay_s, cfg.burst_floor)
+    pol = (make_policy(policy, cfg.settings)
            if isinstance(policy, str) else policy)
     return Simulation(catalog, trace, pol, cfg).run(progress)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.controller.act import (
+from rayscale.core.act import (
     ActSettings,
     BackOff,
     CreateGang,
@@ -113,3 +113,20 @@ def test_act_settings_reject_a_nonpositive_launch_timeout_and_the_cli_names_its_
     assert main(["controller", "--launch-timeout-factor", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--launch-timeout-factor" in err and "launch_timeout_factor must be > 0" in err
+
+
+def test_serve_places_per_flavor_so_an_idle_gang_of_another_capacity_type_goes_and_is_not_reordered() -> None:
+    """Serve put its two replicas on both on-demand gangs where the plan wanted one on-demand and one spot:
+    the idle spot gang is released (the flavor holds more gangs than replicas), and no gang is ordered
+    for the spot shortfall while the flavor already holds as many gangs as the plan's replicas."""
+    spot = (K[0], K[1], "spot")
+    world = [_gang(0, GangPhase.READY, serving=1), _gang(1, GangPhase.READY, serving=1, created=5),
+             Gang("qwen2-72b-a10g-spot-0", *spot, "us-east-1a", "g5.12xlarge", 2, GangPhase.READY, 10, 0)]
+    mf = (K[0], K[1])
+    acts = decide(CAT, {K: 1, spot: 1}, world, {mf: 2}, {mf: 2}, {}, now=100.0)
+    assert acts == [DeleteGang("qwen2-72b-a10g-spot-0", "plan wants 1 x spot; drained")]
+    acts = decide(CAT, {K: 1, spot: 1}, world[:2], {mf: 2}, {mf: 2}, {}, now=105.0)
+    assert acts == []
+    # A real shortfall of the flavor still orders, on the short capacity type.
+    acts = decide(CAT, {K: 1, spot: 2}, world[:2], {mf: 2}, {mf: 2}, {}, now=110.0)
+    assert [(a.name, a.capacity_type) for a in acts if isinstance(a, CreateGang)] == [("qwen2-72b-a10g-spot-0", "spot")]

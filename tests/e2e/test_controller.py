@@ -15,17 +15,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
 from rayscale.cluster.actuator import LABEL_GANG
-from rayscale.cluster.local import LocalCluster
+from rayscale.cluster.local import LABEL_NODE, PAUSE_ENV, LocalCluster
 from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-from rayscale.controller.act import ActSettings, GangPhase
 from rayscale.controller.loop import Controller, ControllerConfig
 from rayscale.controller.metrics import ControllerMetrics
 from rayscale.controller.serve_client import ServeClient
+from rayscale.core.act import ActSettings, GangPhase
+from rayscale.core.estimate import EstimateSettings
 from rayscale.core.plan import PlannerSettings
+from rayscale.core.settings import Settings
 from rayscale.loadgen import LoadGenConfig, replay
 from rayscale.serve.weights import set_flavor_weights
 from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
@@ -63,10 +66,12 @@ def ctl(cluster: LocalCluster, serve_url: str, tmp_path_factory: pytest.TempPath
     log = tmp_path_factory.mktemp("ctl") / "decisions.jsonl"
     scraper = MetricsScraper(ray_metrics_endpoints)
     c = Controller(local_catalog(), act, ServeClient(cluster.dashboard_url), scraper,
-                   ControllerConfig(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0, app_name=APP, decision_log=log,
-                                    # a Ray node on two busy cores may take a while: a gang gets 120 s
-                                    act=ActSettings(backoff_s=30.0, launch_timeout_factor=6.0),
-                                    planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
+                   ControllerConfig(Settings(period_s=2.0, window_s=10.0, fast_window_s=4.0, stale_after_s=8.0,
+                                             forecaster="last", estimate=EstimateSettings(),
+                                             # a Ray node on two busy cores may take a while: a gang gets 120 s
+                                             act=ActSettings(backoff_s=30.0, launch_timeout_factor=6.0),
+                                             planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
+                                    app_name=APP, decision_log=log),
                    weights_sink=set_flavor_weights)
     c.metrics = ControllerMetrics(c.catalog, port=0)  # type: ignore[attr-defined]
     c.on_record(c.metrics.update)  # type: ignore[attr-defined]
@@ -132,7 +137,7 @@ def test_metrics_down_holds_capacity_then_drains_without_dropping(ctl: Controlle
         t0 = time.time()
         bg0.join(120)
         time.sleep(max(0.0, 30.0 - (time.time() - t0)))  # > stale_after_s + downscale_delay_s + dwell
-        held = [r for r in ctl.records if r.t >= t0 + ctl.config.period_s]
+        held = [r for r in ctl.records if r.t >= t0 + ctl.config.settings.period_s]
         # Capacity ordered before the outage may still arrive; nothing may go away while the controller is blind.
         assert held and _serve(ctl)[0] >= n_before
         assert not [a for r in held for a in r.actions if a["type"] == "DeleteGang"]
@@ -172,58 +177,120 @@ def test_kill_mid_scale_up_and_restart(ctl: Controller, cluster: LocalCluster, t
     time.sleep(3)
     assert settled(), "the stopped controller must leave one gang behind"
     survivor = _ready_gangs(ctl)[0].name
-    cat = local_catalog()
-    m = cat.models[MODEL].model_copy(update={"min_replicas": 2})
-    files = {
-        "models": {"models": [json.loads(m.model_dump_json())]},
-        "flavors": {"flavors": [json.loads(f.model_dump_json()) for f in cat.flavors.values()]},
-        "profiles": {"profiles": [json.loads(p.model_dump_json()) for p in cat.profiles.values()]},
-    }
-    for k, v in files.items():
-        (tmp_path / f"{k}.yaml").write_text(yaml.safe_dump(v))
-    log = tmp_path / "d.jsonl"
-
-    def start() -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "rayscale.cli", "controller", "--root", str(cluster.root), "--metrics-port", "0",
-               "--models", str(tmp_path / "models.yaml"), "--flavors", str(tmp_path / "flavors.yaml"),
-               "--profiles", str(tmp_path / "profiles.yaml"), "--period", "1", "--launch-delay", "4",
-               "--launch-timeout-factor", "6",
-               "--decision-log", str(log), "--duration", "120"]
-        out = open(tmp_path / "controller.out", "ab")  # noqa: SIM115  (the child writes it; read on failure)
-        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-                                stdout=out, stderr=subprocess.STDOUT)
-
-    def output() -> str:
-        return (tmp_path / "controller.out").read_text(errors="replace")[-3000:]
-
-    p = start()
+    cli = CliControllers(cluster, tmp_path)
+    # 1. killed in the launch delay: no node yet
+    p = cli.start("1")
     try:
-        try:
-            wait_for(lambda: log.exists() and "CreateGang" in log.read_text(), 90, "the CLI controller to order a gang")
-        except TimeoutError as e:
-            raise AssertionError(f"{e}; controller output:\n{output()}") from None
+        cli.wait(p, lambda: "CreateGang" in cli.log("1"), 90, "the CLI controller to order a gang")
     finally:
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
-    p2 = start()
+        cli.kill(p)
+    # 2. killed after its node's `ray start` was spawned and before its pid was recorded (the pause
+    # point holds the state lock, as a start does there): the node runs on, half-recorded
+    known = set(ray_start_ids(cluster.root))
+    p = cli.start("2", pause="after-spawn:120")
+    try:
+        spawned = cli.wait(p, lambda: set(ray_start_ids(cluster.root)) - known, 90, "the second controller to spawn")
+    finally:
+        cli.kill(p)
+    (adopt,) = spawned
+    # 3. the next controller adopts that node: its gang comes up without a second node or a delete
+    p = cli.start("3")
     try:
         def converged() -> bool:
             gangs = ctl.actuator.gangs(time.time())
-            names = [g.name for g in gangs]
-            return len(names) == 2 and len(set(names)) == 2 and all(g.phase == GangPhase.READY for g in gangs)
+            return len(gangs) == 2 and all(g.phase == GangPhase.READY for g in gangs)
 
-        wait_for(converged, 120, "two ready gangs after the restart")
-        time.sleep(4)  # a few more periods: nothing more is created
+        cli.wait(p, converged, 120, "two ready gangs after the restarts")
+        time.sleep(3)  # a few more periods: nothing more is created or deleted
         gangs = ctl.actuator.gangs(time.time())
-        # Two gangs, no duplicate: a half-started gang the kill left behind is deleted whole and its name
-        # stays taken until it is gone, so the replacement may carry the next index.
-        names = [g.name for g in gangs]
-        assert len(names) == 2 and len(set(names)) == 2 and survivor in names
+        assert len(gangs) == 2 and survivor in {g.name for g in gangs}
         owned = [n for n in cluster.nodes() if not n.is_head]
-        assert len(owned) == 2 and all(n.labels.get(LABEL_GANG) in {g.name for g in gangs} for n in owned)
+        assert sorted(n.labels.get(LABEL_GANG) for n in owned) == sorted(g.name for g in gangs)
+        assert adopt in {n.id for n in owned} and f"recover: adopted {adopt}" in cli.output("3")
+        # no id twice in Ray, no node process without a record, no healthy gang deleted
+        names = alive_ray_names(cluster)
+        assert sorted(names) == sorted({*names}) == sorted(["head", *(n.id for n in owned)]), names
+        assert sorted(ray_start_ids(cluster.root)) == sorted(n.id for n in cluster.nodes(include_dead=True))
+        assert "DeleteGang" not in cli.log("3"), cli.log("3")[-3000:]
     finally:
-        p2.send_signal(signal.SIGTERM)
-        p2.wait(30)
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(30)
+    # SIGTERM: the period ends, the actuator closes, exit 0 with one line; serving is left as it is
+    out = cli.output("3")
+    assert rc == 0 and "SIGTERM: stopped" in out, out
+    assert "Traceback" not in out and "SIGTERM received" not in out, out
+    assert len([n for n in cluster.nodes() if not n.is_head]) == 2
+
+
+class CliControllers:
+    """`rayscale controller` processes on the test's cluster, each with its own decision log and output."""
+
+    def __init__(self, cluster: LocalCluster, tmp_path: Path) -> None:
+        self.cluster, self.dir = cluster, tmp_path
+        cat = local_catalog()
+        m = cat.models[MODEL].model_copy(update={"min_replicas": 2})
+        files = {
+            "models": {"models": [json.loads(m.model_dump_json())]},
+            "flavors": {"flavors": [json.loads(f.model_dump_json()) for f in cat.flavors.values()]},
+            "profiles": {"profiles": [json.loads(p.model_dump_json()) for p in cat.profiles.values()]},
+        }
+        for k, v in files.items():
+            (tmp_path / f"{k}.yaml").write_text(yaml.safe_dump(v))
+
+    def start(self, name: str, pause: str = "") -> subprocess.Popen[bytes]:
+        d = self.dir
+        cmd = [sys.executable, "-m", "rayscale.cli", "controller", "--root", str(self.cluster.root),
+               "--metrics-port", "0", "--models", str(d / "models.yaml"), "--flavors", str(d / "flavors.yaml"),
+               "--profiles", str(d / "profiles.yaml"), "--period", "1", "--launch-delay", "4",
+               "--launch-timeout-factor", "6", "--decision-log", str(d / f"{name}.jsonl"), "--duration", "120"]
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", **({PAUSE_ENV: pause} if pause else {})}
+        out = open(d / f"{name}.out", "ab")  # noqa: SIM115  (the child writes it; read on failure)
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def log(self, name: str) -> str:
+        path = self.dir / f"{name}.jsonl"
+        return path.read_text() if path.exists() else ""
+
+    def output(self, name: str) -> str:
+        return (self.dir / f"{name}.out").read_text(errors="replace")[-3000:]
+
+    def wait(self, p: subprocess.Popen[bytes], predicate: Any, timeout_s: float, what: str) -> Any:
+        """wait_for, failing at once if the controller exits, and with the controllers' output if it fails."""
+        def ready() -> Any:
+            if p.poll() is not None:
+                raise AssertionError(f"the controller exited with {p.returncode}")
+            return predicate()
+
+        try:
+            return wait_for(ready, timeout_s, what)
+        except (TimeoutError, AssertionError) as e:
+            outs = "\n".join(f"--- {o.name}\n{o.read_text(errors='replace')[-2000:]}" for o in self.dir.glob("*.out"))
+            raise AssertionError(f"{e}; controller output:\n{outs}") from None
+
+    @staticmethod
+    def kill(p: subprocess.Popen[bytes]) -> None:
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+
+
+def ray_start_ids(root: Path) -> list[str]:
+    """Node ids of the `ray start` processes running from ``root``, recorded or not."""
+    flag = f"--temp-dir={root}/"
+    out = []
+    for q in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            args = q.info["cmdline"] or []
+            out += [a[len(flag):] for a in args if a.startswith(flag) and "start" in args]
+    return out
+
+
+def alive_ray_names(cluster: LocalCluster) -> list[str]:
+    """The rayscale node id of every alive node in Ray's GCS (one entry per Ray node)."""
+    from ray.core.generated import gcs_pb2
+
+    infos = cluster._gcs_client().get_all_node_info(timeout=10)
+    alive = gcs_pb2.GcsNodeInfo.ALIVE  # type: ignore[attr-defined]
+    return [i.labels.get(LABEL_NODE, "?") for i in infos.values() if i.state == alive]
 
 
 def test_detached_actor_on_the_head_survives_a_crash(cluster: LocalCluster) -> None:
@@ -244,7 +311,8 @@ def test_detached_actor_on_the_head_survives_a_crash(cluster: LocalCluster) -> N
         (spec_dir / f"{k}.yaml").write_text(yaml.safe_dump(v))
     actor = start_detached(ControllerSpec(root=str(cluster.root), models=str(spec_dir / "models.yaml"),
                                           flavors=str(spec_dir / "flavors.yaml"),
-                                          profiles=str(spec_dir / "profiles.yaml"), app=APP, period_s=1.0,
+                                          profiles=str(spec_dir / "profiles.yaml"), app=APP,
+                                          settings={"period_s": 1.0, "forecaster": "last"},
                                           launch_delay_s=1.0))
     try:
         wait_for(lambda: ray.get(actor.status.remote(), timeout=30)["reconciles"] >= 3, 120, "the actor reconciling")

@@ -26,11 +26,13 @@ import pytest
 
 from rayscale.cluster.kube import KubeActuator, KubeActuatorConfig
 from rayscale.cluster.local import LocalCluster
-from rayscale.controller.act import ActSettings, CreateGang, Gang, GangPhase
 from rayscale.controller.loop import Controller, ControllerConfig
 from rayscale.controller.serve_client import ServeClient, deployment_name
+from rayscale.core.act import ActSettings, CreateGang, Gang, GangPhase
 from rayscale.core.catalog import Catalog
+from rayscale.core.estimate import EstimateSettings
 from rayscale.core.plan import PlannerSettings
+from rayscale.core.settings import Settings
 from rayscale.loadgen import LoadGenConfig, replay
 from rayscale.serve.weights import set_flavor_weights
 from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
@@ -259,10 +261,12 @@ def world(cluster: LocalCluster, serve_url: str, tmp_path_factory: pytest.TempPa
     act = SerialKubeActuator(cat, api_client, KubeActuatorConfig(namespace=NS, raycluster=RC), seed=1)
     log = tmp_path_factory.mktemp("kctl") / "decisions.jsonl"
     ctl = Controller(cat, act, serve, MetricsScraper(ray_metrics_endpoints),
-                     ControllerConfig(period_s=2.0, window_s=10.0, stale_after_s=8.0, app_name=APP, decision_log=log,
-                                      # a Ray node on two busy cores may take a while: a gang gets 120 s
-                                      act=ActSettings(backoff_s=30.0, launch_timeout_factor=6.0),
-                                      planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
+                     ControllerConfig(Settings(period_s=2.0, window_s=10.0, stale_after_s=8.0, forecaster="last",
+                                               estimate=EstimateSettings(),
+                                               # a Ray node on two busy cores may take a while: a gang gets 120 s
+                                               act=ActSettings(backoff_s=30.0, launch_timeout_factor=6.0),
+                                               planner=PlannerSettings(downscale_delay_s=8.0, min_dwell_s=4.0)),
+                                      app_name=APP, decision_log=log),
                      weights_sink=set_flavor_weights)
     thread = ctl.start()
     w = KubeWorld(api, cat, cluster, karpenter, kuberay, kubelet, act, ctl, serve, events)

@@ -15,7 +15,7 @@ import yaml
 
 from rayscale.cluster.kube import KubeActuator, KubeActuatorConfig, RetryPolicy
 from rayscale.cluster.render import RenderSettings, render
-from rayscale.controller.act import Gang
+from rayscale.core.act import Gang
 from rayscale.core.catalog import Catalog
 from rayscale.testing.karpenter import Delays, KarpenterConfig, KarpenterStandIn
 from rayscale.testing.kubeapi import KubeAPIServer

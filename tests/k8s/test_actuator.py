@@ -9,7 +9,7 @@ import yaml
 
 from rayscale.cluster.kube import KubeError
 from rayscale.cluster.render import CLUSTER_RULES, NAMESPACE_RULES
-from rayscale.controller.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
+from rayscale.core.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
 from rayscale.core.catalog import Catalog
 from rayscale.testing.kubeapi import KubeAPIServer
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rayscale.cluster.kube import KubeError
-from rayscale.controller.act import GangPhase
+from rayscale.core.act import GangPhase
 from rayscale.core.catalog import Catalog
 from rayscale.testing.kubeapi import KubeAPIServer
 

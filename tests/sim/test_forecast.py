@@ -7,6 +7,8 @@ import pytest
 
 from rayscale.config import load_catalog
 from rayscale.core.forecast import FORECASTERS, Seasonal, TrendSeasonal, detect_season
+from rayscale.core.settings import Settings
+from rayscale.core.step import forecaster_for
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, Simulation
 from rayscale.sim.sources import load_spec
@@ -77,14 +79,15 @@ def test_peak_hold_never_below_recent_peak():
     assert set(FORECASTERS) >= {"last", "trend", "seasonal", "peak"}
 
 
-def test_policy_sets_the_horizon_from_startup_time():
-    cat = load_catalog()
+def test_the_step_looks_as_far_ahead_as_capacity_takes_to_start():
+    cat = load_catalog().subset(["mistral-7b"])
     tr = load_spec("gen:poisson:rate=1,hours=0.05", seed=0)
-    for fc in ("trend", "seasonal", Seasonal(peak_window=7)):
-        pol = RayscalePolicy(forecaster=fc)
-        sim = Simulation(cat, tr, pol, SimConfig())
-        pol.warm_start(sim)
-        assert pol.fc.horizon == round(sim.typical_startup_s() / 60)
-    pol = RayscalePolicy(forecaster="nope")
-    with pytest.raises(ValueError, match="unknown forecaster 'nope'"):
-        pol.warm_start(Simulation(cat, tr, pol, SimConfig()))
+    sim = Simulation(cat, tr, RayscalePolicy(), SimConfig())
+    for name in ("trend", "seasonal", "peak"):
+        fc = forecaster_for(cat, Settings(forecaster=name))
+        assert fc.horizon == round(sim.typical_startup_s() / 60)  # type: ignore[attr-defined]
+    assert forecaster_for(cat, Settings(forecaster="peak", forecast_horizon_s=120.0)).horizon == 2  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"Settings\.forecaster must be one of"):
+        Settings(forecaster="nope")
+
+

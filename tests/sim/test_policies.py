@@ -11,6 +11,7 @@ import pytest
 
 from rayscale.commands import simulate as simulate_cmd
 from rayscale.config import load_catalog
+from rayscale.core.settings import Settings
 from rayscale.sim.policies import StockPolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
 from rayscale.sim.sources import TraceSpecError, load_spec
@@ -182,16 +183,16 @@ def test_the_mix_reaches_back_to_enough_requests_and_no_further():
             assert mix.output_mean == pytest.approx(max(float(sim.output[finished].mean()), 1.0))
             # Never past mix_max_s: 30 s back it is the window's own requests again, as with k = 0.
             cfg = sim.cfg
-            sim.cfg = replace(cfg, mix_max_s=30.0)
+            sim.cfg = replace(cfg, settings=replace(cfg.settings, mix_max_s=30.0))
             short = sim.signals(now).mix
-            sim.cfg = replace(cfg, mix_min_requests=0)
+            sim.cfg = replace(cfg, settings=replace(cfg.settings, mix_min_requests=0))
             narrow = sim.signals(now).mix
             sim.cfg = cfg
             assert short is not None and narrow is not None
             assert short.prompt_mean == narrow.prompt_mean == pytest.approx(sim.prompt[lo:hi].mean())
             seen.append((mix.prompt_mean, narrow.prompt_mean, lo, hi))
 
-    Simulation(CAT, TRACE.window(0, 900), Probe(), SimConfig(seed=1, mix_min_requests=k, mix_max_s=600)).run()
+    Simulation(CAT, TRACE.window(0, 900), Probe(), SimConfig(seed=1, settings=Settings(mix_min_requests=k, mix_max_s=600))).run()
     assert seen and seen[0][0] != seen[0][1]
 
 

@@ -72,7 +72,7 @@ from rayscale.cluster.kube.naming import (
     nodepool_name,
     worker_group_name,
 )
-from rayscale.controller.act import CreateGang, Gang, GangPhase
+from rayscale.core.act import CreateGang, Gang, GangPhase
 from rayscale.core.catalog import Catalog
 
 log = logging.getLogger(__name__)

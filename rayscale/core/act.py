@@ -143,6 +143,15 @@ def decide(
         by_key[g.key].append(g)
     pending_models = {g.model for g in live if g.phase == GangPhase.PENDING}
 
+    # Serve places a model's replicas on any ready node of the flavor, whatever its capacity type: gangs are
+    # counted per (model, flavor) too, so a flavor never holds more gangs than its replicas can use (else an
+    # on-demand gang serving where the plan wanted spot leaves a spot gang idle, held and never released).
+    room: dict[tuple[str, str], int] = defaultdict(int)
+    for key, n in target.items():
+        room[(key[0], key[1])] += n
+    for g in live:
+        room[(g.model, g.flavor)] -= 1
+
     # Up: whole gangs, deterministic names (lowest free index) so a retry after a crash is idempotent.
     used_names = {g.name for g in gangs}
     for key in sorted(set(target) | set(by_key)):
@@ -150,6 +159,7 @@ def decide(
         want, have = target.get(key, 0), by_key.get(key, [])
         if want <= len(have) or model not in catalog.models or flavor not in catalog.flavors:
             continue
+        want = len(have) + min(want - len(have), max(room[(model, flavor)], 0))
         fl = catalog.flavors[flavor]
         shape = gang_shape(catalog, model, flavor)  # the plan sizes gangs at on-demand prices too
         taken: dict[str, int] = defaultdict(int)
@@ -165,6 +175,7 @@ def decide(
             name = gang_name(model, flavor, ct, i)
             used_names.add(name)
             taken[zone] += 1
+            room[(model, flavor)] -= 1
             actions.append(CreateGang(name, model, flavor, ct, zone, shape.instance_type, shape.nodes,
                                       f"plan wants {want} x {ct}, have {len(have)}"))
             pending_models.add(model)
@@ -188,19 +199,22 @@ def decide(
                 continue  # make before break: keep serving until the model's new gangs are up
             actions.append(SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}"))
 
-        # Down: release surplus gangs only once Serve runs no more than it should and they serve nothing.
-        running = serve_running.get(mf, 0)
-        for k in keys:
-            have = by_key.get(k, [])
-            surplus = len(have) - target.get(k, 0)
-            if surplus <= 0:
-                continue
-            # Pending gangs first (nothing runs there), then idle ready ones, newest first.
-            idle = [g for g in have if g.phase == GangPhase.PENDING] + sorted(
-                (g for g in have if g.phase == GangPhase.READY and g.serving == 0),
-                key=lambda g: (-g.created_s, g.name))
-            drained = running <= min(want, ready)
-            for g in idle[:surplus]:
-                if g.phase == GangPhase.PENDING or drained:
-                    actions.append(DeleteGang(g.name, f"plan wants {target.get(k, 0)} x {k[2]}; drained"))
+        actions += _release(mf, keys, by_key, target, serve_running.get(mf, 0) <= min(want, ready))
     return actions
+
+
+def _release(mf: tuple[str, str], keys: list[Key], by_key: dict[Key, list[Gang]], target: dict[Key, int],
+             drained: bool) -> list[Action]:
+    """Surplus gangs of one (model, flavor): pending ones of over-planned capacity types first (nothing runs
+    there), then, once Serve runs no more than it should (``drained``), ready ones that serve nothing, those
+    of over-planned capacity types first, newest first."""
+    have = [g for k in keys for g in by_key.get(k, [])]
+    surplus = len(have) - sum(target.get(k, 0) for k in keys)
+    if surplus <= 0:
+        return []
+    over = {k for k in keys if len(by_key.get(k, [])) > target.get(k, 0)}
+    pending = [g for g in have if g.phase == GangPhase.PENDING and g.key in over]
+    idle = sorted((g for g in have if g.phase == GangPhase.READY and g.serving == 0),
+                  key=lambda g: (g.key not in over, -g.created_s, g.name)) if drained else []
+    return [DeleteGang(g.name, f"plan wants {target.get(g.key, 0)} x {g.capacity_type}; drained")
+            for g in (sorted(pending, key=lambda g: (-g.created_s, g.name)) + idle)[:surplus]]

@@ -1,0 +1,73 @@
+"""Every knob of the control loop in one record: what ships is what the controller and the simulator run.
+
+``rayscale controller --settings F`` and ``rayscale simulate --settings F`` read the same file
+(``rayscale.config.load_settings``); ``rayscale/data/settings.yaml`` holds the shipped values. The
+defaults below are the shipped product, chosen on the simulator's dev traces (bench/results):
+the peak-hold seasonal forecaster, a 600 s scale-down delay (about one replica start-up), the greedy
+solver (the exact MILP costs 20-120 ms a call and does not scale to a thousand models) and the burst floor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rayscale.core.act import ActSettings
+from rayscale.core.estimate import EstimateSettings
+from rayscale.core.forecast import FORECASTERS
+from rayscale.core.plan import PlannerSettings
+
+MIX_MIN_REQUESTS = 1000
+MIX_MAX_S = 900.0
+
+
+def shipped_planner() -> PlannerSettings:
+    return PlannerSettings(downscale_delay_s=600.0, solver="greedy")
+
+
+def shipped_estimate() -> EstimateSettings:
+    return EstimateSettings(burst_floor=True)
+
+
+@dataclass(frozen=True)
+class Settings:
+    period_s: float = 5.0  # one step per period
+    window_s: float = 30.0  # arrival rate, mix and latency percentiles are read over this window
+    # A rise in arrivals counts over this shorter tail of the window too (fast up, slow down); None: off.
+    fast_window_s: float | None = 10.0
+    stale_after_s: float = 20.0  # signals older than this are stale, never zero
+    # The request mix spans at least this many finished requests, reaching back up to mix_max_s when the
+    # window holds fewer: its tail quantiles size replicas (0: the window only).
+    mix_min_requests: int = MIX_MIN_REQUESTS
+    mix_max_s: float = MIX_MAX_S
+    forecaster: str = "peak"
+    # The forecaster sees one arrival rate per history window, up to history_len of them: two hours, so a
+    # pattern repeating every 30 min is seen twice before it is trusted (rayscale.core.forecast).
+    history_window_s: float = 60.0
+    history_len: int = 120
+    # How far ahead the forecaster looks; None: the median start-up (node + model load) of the catalog's
+    # offerings, as long as ordered capacity takes to serve.
+    forecast_horizon_s: float | None = None
+    # Arrivals per period are kept this long for the burst floor (rayscale.core.burst).
+    burst_history_s: float = 3600.0
+    estimate: EstimateSettings = field(default_factory=shipped_estimate)
+    planner: PlannerSettings = field(default_factory=shipped_planner)
+    act: ActSettings = field(default_factory=ActSettings)
+
+    def __post_init__(self) -> None:
+        for name in ("period_s", "window_s", "stale_after_s", "history_window_s", "burst_history_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")
+        if self.fast_window_s is not None and not 0 < self.fast_window_s <= self.window_s:
+            raise ValueError(f"Settings.fast_window_s must be in (0, window_s={self.window_s}], "
+                             f"got {self.fast_window_s}")
+        if self.forecaster not in FORECASTERS:
+            raise ValueError(f"Settings.forecaster must be one of {sorted(FORECASTERS)}, got {self.forecaster!r}")
+        if self.history_len < 1:
+            raise ValueError(f"Settings.history_len must be >= 1, got {self.history_len}")
+        if self.forecast_horizon_s is not None and not self.forecast_horizon_s >= 0:
+            raise ValueError(f"Settings.forecast_horizon_s must be >= 0, got {self.forecast_horizon_s}")
+        if self.mix_min_requests < 0:
+            raise ValueError(f"Settings.mix_min_requests must be >= 0, got {self.mix_min_requests}")
+        if self.mix_min_requests and self.mix_max_s < self.window_s:
+            raise ValueError(f"Settings.mix_max_s ({self.mix_max_s}) must be >= window_s ({self.window_s}) "
+                             f"when mix_min_requests > 0")

@@ -1,0 +1,152 @@
+"""One control period as one pure function: ``step(context) -> result`` with the new state inside.
+
+Like Ray Serve's ``autoscaling_policy.py`` (a policy is a function of one context that returns its decision
+and its state), everything the decision depends on comes in through ``StepContext`` and everything it
+changes goes out in ``StepResult``: no I/O, no clock. The live controller (rayscale.controller.loop) and the
+simulator (rayscale.sim.policies) call this same function with the same ``Settings``; they differ only in
+where the signals and the cluster view come from and where the actions go (a provider).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field, is_dataclass, replace
+
+from rayscale.core.act import Action, BackOff, Gang, GangPhase, Key, decide
+from rayscale.core.catalog import Catalog
+from rayscale.core.estimate import Correction, Demand, correction_smoothing, estimate, update_corrections
+from rayscale.core.forecast import FORECASTERS, Forecaster
+from rayscale.core.plan import Plan, PlannerMemory, plan
+from rayscale.core.settings import Settings
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+
+ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
+
+
+@dataclass(frozen=True)
+class ServeView:
+    """Serve's replicas as observed: the target it was told and how many run, per (model, flavor)."""
+
+    target: Mapping[tuple[str, str], int]
+    running: Mapping[tuple[str, str], int]
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What one step hands the next. Losing it (a restart) only slows the controller down: what exists is
+    read back from the cluster, never from here."""
+
+    memory: PlannerMemory = field(default_factory=PlannerMemory)
+    corrections: Mapping[tuple[str, str], Correction] = field(default_factory=dict)
+    demands: Mapping[str, Demand] | None = None  # last period's: where the estimator's searches start
+    unavailable: Mapping[ZoneKey, float] = field(default_factory=dict)  # backed-off zones, until when
+    rate_history: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per history window
+    next_history_s: float | None = None  # when the next history sample is due
+    last_mix: Mapping[str, RequestMix] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    now: float
+    catalog: Catalog
+    signals: Mapping[str, ModelSignals]  # observed, per model
+    gangs: tuple[Gang, ...]  # the cluster view, ``serving`` filled in from Serve
+    serve: ServeView | None  # None: Serve's state is unknown, so nothing is changed
+    settings: Settings
+    state: StepState = field(default_factory=StepState)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    plan: Plan
+    demands: Mapping[str, Demand]
+    actions: tuple[Action, ...]
+    state: StepState
+    signals: Mapping[str, ModelSignals]  # as the estimator saw them (with history and the last mix)
+
+
+def step(ctx: StepContext) -> StepResult:
+    """Observe's signals in; the plan and the actions that move the cluster towards it out."""
+    cfg, state, catalog = ctx.settings, ctx.state, ctx.catalog
+    signals, history, next_history_s, last_mix = _with_history(ctx)
+    corrections = update_corrections(catalog, dict(signals), dict(state.corrections),
+                                     smoothing=correction_smoothing(cfg.period_s))
+    demands = estimate(catalog, dict(signals), corrections, forecaster_for(catalog, cfg), cfg.estimate,
+                       None if state.demands is None else dict(state.demands))
+    current: dict[Key, int] = {}
+    for g in ctx.gangs:
+        if g.phase != GangPhase.FAILED:
+            current[g.key] = current.get(g.key, 0) + 1
+    unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
+    result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner)
+    actions: tuple[Action, ...] = ()
+    if ctx.serve is not None:
+        actions = tuple(decide(catalog, result.target(), list(ctx.gangs), dict(ctx.serve.target),
+                               dict(ctx.serve.running), unavailable, ctx.now, cfg.act))
+    for a in actions:
+        if isinstance(a, BackOff):
+            unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
+    new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix)
+    return StepResult(result, demands, actions, new_state, signals)
+
+
+def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, tuple[float, ...]],
+                                             float | None, dict[str, RequestMix]]:
+    """Signals with the forecaster's rate history and the last seen mix; the state's new history.
+
+    One sample per ``history_window_s``, taken from the arrival counts of that window when the signals
+    carry them (the controller counts arrivals per period; the simulator counts the trace), otherwise the
+    window's arrival rate."""
+    cfg, state = ctx.settings, ctx.state
+    due = state.next_history_s is None or ctx.now + 1e-9 >= state.next_history_s
+    next_s = (ctx.now + cfg.history_window_s) if due else state.next_history_s
+    history = dict(state.rate_history)
+    last_mix = dict(state.last_mix)
+    out: dict[str, ModelSignals] = {}
+    for name, sig in ctx.signals.items():
+        rate = sig.arrival_rate_rps
+        if sig.freshness != Freshness.FRESH or rate is None:
+            out[name] = sig
+            continue
+        # A window in which no request finished has no mix; the last one seen is a far better guess than
+        # the generic default (long outputs), which would size replicas for a load that is not there.
+        if sig.mix is not None:
+            last_mix[name] = sig.mix
+        elif name in last_mix:
+            sig = replace(sig, mix=last_mix[name])
+        past = history.get(name, ())
+        out[name] = replace(sig, rate_history=past)
+        if due:
+            history[name] = (*past, _window_rate(sig, cfg.history_window_s))[-cfg.history_len:]
+    return out, history, next_s, last_mix
+
+
+def _window_rate(sig: ModelSignals, window_s: float) -> float:
+    counts, bin_s = sig.arrival_counts, sig.arrival_bin_s
+    k = round(window_s / bin_s) if bin_s > 0 else 0
+    if k >= 1 and len(counts) >= k:
+        return float(sum(counts[-k:])) / (k * bin_s)
+    return float(sig.arrival_rate_rps or 0.0)
+
+
+def forecaster_for(catalog: Catalog, settings: Settings) -> Forecaster:
+    """The settings' forecaster, looking as far ahead as ordered capacity takes to serve."""
+    return _forecaster(settings.forecaster, _horizon_s(catalog, settings), settings.history_window_s)
+
+
+def _horizon_s(catalog: Catalog, settings: Settings) -> float:
+    if settings.forecast_horizon_s is not None:
+        return settings.forecast_horizon_s
+    starts = [catalog.flavors[f].node_startup_s + catalog.profile(m, f).startup_s
+              for m, spec in catalog.models.items() for f in spec.parallelism if f in catalog.flavors]
+    return float(statistics.median(starts)) if starts else 0.0
+
+
+@functools.lru_cache(maxsize=32)
+def _forecaster(name: str, horizon_s: float, window_s: float) -> Forecaster:
+    fc = FORECASTERS[name]
+    if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
+        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)))
+    return fc

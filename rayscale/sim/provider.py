@@ -1,0 +1,66 @@
+"""The simulated cloud behind the provider interface, as Karpenter's ``cloudprovider/fake`` stands behind its.
+
+It implements ``rayscale.cluster.actuator.Actuator`` over ``rayscale.sim.cloud.Cluster``'s named gangs, plus the
+Serve side the controller reads and sets (``ServeView``, ``set_replicas``), so the simulator runs the product's
+own ``rayscale.core.step.step`` and applies its actions the way the controller does
+(``rayscale.cluster.actuator.apply_actions``): launch timeouts, back-offs, make-before-break and drain order
+are the product's, not a second copy.
+
+What the cloud does on its own follows Karpenter's AWS provider: a capacity error fails the gang (the claim
+is deleted; the controller backs the zone off and replaces it), a spot interruption notice fails it too
+while its replica drains, and the node goes two minutes later.
+"""
+
+from __future__ import annotations
+
+from rayscale.core.act import CreateGang, Gang, GangPhase
+from rayscale.core.step import ServeView
+from rayscale.sim.cloud import Cluster, GangState
+
+_PENDING = (GangState.WAITING, GangState.PROVISIONING)
+_WITH_REPLICA = (GangState.STARTING, GangState.LIVE, GangState.DRAINING)
+
+
+class SimProvider:
+    def __init__(self, cluster: Cluster, model: str) -> None:
+        self.cluster = cluster
+        self.model = model
+        self.now = 0.0  # the simulated clock, set by the simulation before each step
+
+    def gangs(self, now: float) -> list[Gang]:
+        """Every gang the controller holds, as a provider reports them (reads change nothing)."""
+        out = []
+        for g in self.cluster.named():
+            assert g.name is not None
+            failed = bool(g.failed) or g.state == GangState.FAILED
+            phase = GangPhase.FAILED if failed else (GangPhase.PENDING if g.state in _PENDING else GangPhase.READY)
+            out.append(Gang(
+                name=g.name, model=self.model, flavor=g.flavor, capacity_type=g.capacity_type, zone=g.zone or "",
+                instance_type=g.shape.instance_type, nodes=g.shape.nodes, phase=phase, created_s=g.t_created,
+                serving=1 if g.state in _WITH_REPLICA else 0, reason=g.failed,
+                node_ids=tuple(str(n.id) for n in g.nodes if n.t_ready is not None),
+            ))
+        return out
+
+    def create_gang(self, action: CreateGang, now: float) -> None:
+        self.cluster.create_named(action.name, action.flavor, action.capacity_type, action.zone, now)
+
+    def delete_gang(self, name: str) -> None:
+        self.cluster.delete_named(name, self.now)
+
+    def close(self) -> None:
+        return None
+
+    def serve_view(self) -> ServeView:
+        running: dict[tuple[str, str], int] = {}
+        for g in self.cluster.named():
+            if g.state in _WITH_REPLICA:
+                running[(self.model, g.flavor)] = running.get((self.model, g.flavor), 0) + 1
+        for g in self.cluster.gangs.values():  # drained by a delete: still running until it finishes
+            if g.name is not None and g.deleted and g.state == GangState.DRAINING:
+                running[(self.model, g.flavor)] = running.get((self.model, g.flavor), 0) + 1
+        target = {(self.model, f): n for f, n in self.cluster.serve_target.items()}
+        return ServeView(target, running)
+
+    def set_replicas(self, model: str, flavor: str, replicas: int) -> None:
+        self.cluster.set_serve_target(flavor, replicas, self.now)

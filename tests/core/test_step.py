@@ -1,0 +1,111 @@
+"""One step, one settings file: the controller and the simulator run the same function with the same knobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rayscale.cli import main
+from rayscale.config import load_settings, settings_from_mapping
+from rayscale.controller import loop
+from rayscale.controller.loop import ControllerConfig
+from rayscale.core import step as step_mod
+from rayscale.core.act import CreateGang, Gang, GangPhase, SetReplicas
+from rayscale.core.catalog import CatalogError
+from rayscale.core.settings import Settings
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.step import ServeView, StepContext, StepState, step
+from rayscale.sim import policies
+from rayscale.sim.simulator import SimConfig
+
+SHORT = RequestMix(prompt_mean=500, output_mean=100, prompt_p95=1500)
+
+
+def test_controller_and_simulator_call_the_same_step_with_the_shipped_settings() -> None:
+    assert loop.step is step_mod.step and policies.step is step_mod.step
+    assert ControllerConfig().settings == SimConfig().settings == policies.RayscalePolicy().settings
+    assert load_settings() == Settings()  # rayscale/data/settings.yaml is the shipped record, key for key
+    shipped = Path(__file__).parents[2] / "rayscale" / "data" / "settings.yaml"
+    import yaml
+
+    raw = yaml.safe_load(shipped.read_text())
+    assert set(raw) == set(Settings.__dataclass_fields__)  # every knob is written out, none unknown
+    for section in ("estimate", "planner", "act"):
+        assert set(raw[section]) == set(type(getattr(Settings(), section)).__dataclass_fields__)
+
+
+def _ctx(cat: object, now: float, gangs: tuple[Gang, ...], serve: ServeView | None, state: StepState,
+         rate: float = 3.0) -> StepContext:
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, rate, SHORT, waiting=0.0)
+    return StepContext(now, cat, {"mistral-7b": sig}, gangs, serve, Settings(), state)  # type: ignore[arg-type]
+
+
+def test_a_step_orders_whole_gangs_then_replicas_on_ready_ones_and_keeps_its_state() -> None:
+    from rayscale.config import load_catalog
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    first = step(_ctx(cat, 0.0, (), ServeView({}, {}), StepState()))
+    creates = [a for a in first.actions if isinstance(a, CreateGang)]
+    assert creates and not [a for a in first.actions if isinstance(a, SetReplicas)]
+    assert first.state.rate_history["mistral-7b"] == (3.0,) and first.state.next_history_s == 60.0
+    # The gangs came up: replicas go onto them, and nothing new is ordered for the same load.
+    ready = tuple(Gang(c.name, c.model, c.flavor, c.capacity_type, c.zone, c.instance_type, c.nodes,
+                       GangPhase.READY, 0.0) for c in creates)
+    second = step(_ctx(cat, 5.0, ready, ServeView({}, {}), first.state))
+    assert [a for a in second.actions if isinstance(a, SetReplicas)] == [
+        SetReplicas("mistral-7b", "l40s", len(creates), f"{len(creates)} gang(s) ready for {len(creates)} planned")]
+    assert not [a for a in second.actions if isinstance(a, CreateGang)]
+    assert second.state.rate_history == first.state.rate_history  # the next sample is due at 60 s
+    # Serve's state unknown: the plan is made, nothing is changed.
+    blind = step(_ctx(cat, 10.0, ready, None, second.state))
+    assert blind.actions == () and blind.plan.target()
+
+
+def test_a_failed_gang_is_replaced_in_another_zone_and_the_back_off_is_kept_in_the_state() -> None:
+    from rayscale.config import load_catalog
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    first = step(_ctx(cat, 0.0, (), ServeView({}, {}), StepState(), rate=0.5))
+    c = next(a for a in first.actions if isinstance(a, CreateGang))
+    failed = Gang(c.name, c.model, c.flavor, c.capacity_type, c.zone, c.instance_type, c.nodes, GangPhase.FAILED,
+                  0.0, reason="insufficient capacity")
+    second = step(_ctx(cat, 5.0, (failed,), ServeView({}, {}), first.state, rate=0.5))
+    assert (c.flavor, c.zone, c.capacity_type) in second.state.unavailable
+    again = [a for a in second.actions if isinstance(a, CreateGang)]
+    assert again and all(a.zone != c.zone for a in again if a.capacity_type == c.capacity_type)
+
+
+def test_settings_files_name_the_file_and_the_field(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text("planner:\n  downscale_delay_s: 30\n")
+    s = load_settings(f)
+    assert s.planner.downscale_delay_s == 30.0 and s.planner.solver == "greedy"  # the rest stays shipped
+    for text, message in (("perod_s: 5\n", "perod_s: unknown setting"),
+                          ("planner:\n  solver: fast\n", "PlannerSettings.solver must be auto, exact or greedy"),
+                          ("estimate:\n  burst_floor: maybe\n", "estimate.burst_floor: Input should be a valid boolean"),
+                          ("act: 3\n", "act: must be a mapping")):
+        f.write_text(text)
+        with pytest.raises(CatalogError, match=str(f).replace(".", r"\.")) as e:
+            load_settings(f)
+        assert message in str(e.value)
+    with pytest.raises(CatalogError, match="ControllerSpec.settings: period_s: Input should be a valid number"):
+        settings_from_mapping({"period_s": "fast"}, "ControllerSpec.settings")
+
+
+def test_simulate_and_controller_read_the_settings_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("forecaster: crystal-ball\n")
+    for cmd in (["controller"], ["simulate", "--trace", "gen:poisson:rate=1,hours=0.02"]):
+        assert main([*cmd, "--settings", str(bad)]) == 2
+        assert f"{bad}: (top level): Settings.forecaster must be one of" in capsys.readouterr().err
+    trace = ["simulate", "--trace", "gen:bursty:base=1,burst=6,every_s=600,burst_s=120,hours=0.5", "--policy",
+             "rayscale", "--json", "--no-progress"]
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("estimate:\n  target_utilization: 0.3\n")
+    assert main(trace) == 0
+    shipped = json.loads(capsys.readouterr().out)
+    assert main([*trace, "--settings", str(slow)]) == 0
+    held = json.loads(capsys.readouterr().out)
+    assert held["cost_usd"] > 1.5 * shipped["cost_usd"]  # replicas run at 30% instead of 80%: the file was read
