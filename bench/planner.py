@@ -17,6 +17,7 @@ import time
 
 import scipy
 
+from rayscale.core.act import Gang, GangPhase
 from rayscale.core.catalog import (
     SLO,
     CapacityType,
@@ -30,8 +31,11 @@ from rayscale.core.catalog import (
     profile_key,
 )
 from rayscale.core.estimate import estimate
+from rayscale.core.gangs import gang_shape
 from rayscale.core.plan import PlannerSettings, plan
+from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.step import ServeView, StepContext, StepState, step
 from rayscale.tables import format_table
 
 
@@ -83,6 +87,34 @@ def time_plan(cat: Catalog, sig: dict[str, ModelSignals], solver: str, repeat: i
     return statistics.median(times) * 1000, cost, short
 
 
+def cluster_view(cat: Catalog, target: dict[tuple[str, str, str], int]) -> tuple[tuple[Gang, ...], ServeView]:
+    """The cluster a plan converged to: one ready, serving gang per replica of ``target``."""
+    gangs, serve = [], dict[tuple[str, str], int]()
+    for (m, f, ct), n in sorted(target.items()):
+        shape = gang_shape(cat, m, f)
+        for i in range(n):
+            gangs.append(Gang(f"{m}-{f}-{ct}-{i}", m, f, ct, cat.flavors[f].zones[i % len(cat.flavors[f].zones)],
+                              shape.instance_type, shape.nodes, GangPhase.READY, 0.0, serving=1))
+        serve[(m, f)] = serve.get((m, f), 0) + n
+    return tuple(gangs), ServeView(serve, dict(serve))
+
+
+def time_step(cat: Catalog, sig: dict[str, ModelSignals], repeat: int) -> tuple[float, float, int]:
+    """(first step ms, median ms of the steps after it, nodes in the view): the whole control period with
+    the shipped settings, on an empty cluster, then on the cluster its plan asked for (later steps carry the
+    state of the one before: the estimator's searches start at the last answer)."""
+    t = time.perf_counter()
+    first = step(StepContext(0.0, cat, sig, (), ServeView({}, {}), Settings(), StepState()))
+    first_ms = (time.perf_counter() - t) * 1000
+    gangs, serve = cluster_view(cat, first.plan.target())
+    state, times = first.state, []
+    for i in range(repeat):
+        t = time.perf_counter()
+        state = step(StepContext(float(5 * (i + 1)), cat, sig, gangs, serve, Settings(), state)).state
+        times.append(time.perf_counter() - t)
+    return first_ms, statistics.median(times) * 1000, sum(g.nodes for g in gangs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,10,100,1000")
@@ -103,6 +135,13 @@ def main() -> None:
     table = format_table(["models", "flavors", "auto uses", "auto ms", "exact ms", "greedy ms", "exact $/h",
                           "greedy $/h", "greedy gap", "shortfalls e/g"], rows)
     print(table)
+    step_rows = []
+    for n in [int(x) for x in args.sizes.split(",") if int(x) >= 100]:
+        cat, sig = synthetic(n)
+        first, later, nodes = time_step(cat, sig, 3)
+        step_rows.append([n, 20, nodes, round(first, 1), round(later, 1)])
+    step_table = format_table(["models", "flavors", "nodes in view", "first step ms", "later steps ms"], step_rows)
+    print(step_table)
     if args.out:
         with open(args.out, "w") as f:
             f.write("# Planner benchmark\n\n")
@@ -111,6 +150,10 @@ def main() -> None:
                     f"{platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n")
             f.write("Time is one reconcile (estimate + plan) from scratch, median. Goal: 100 x 20 <= 50 ms, "
                     "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
+            f.write("\nOne `rayscale.core.step.step` (history, corrections, estimate, plan, act decisions) with the "
+                    "shipped settings: first on an empty cluster, then on the cluster its plan asked for (every "
+                    "replica a ready gang), carrying the state of the step before. Goal: 1,000 x 20 with ~10,000 "
+                    "nodes in the view <= 200 ms.\n\n```\n" + step_table + "\n```\n")
 
 
 if __name__ == "__main__":

@@ -284,8 +284,9 @@ def _units(p: Problem) -> _Units:
             seen.add((u, s))
             ids.append(u)
         _, unit_arr = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
-    else:
-        unit_arr = np.asarray(unit, dtype=np.int64)
+    else:  # a table's unit ids may skip numbers (offerings dropped after numbering): an empty unit would
+        # be padded into some model's row of the candidate matrix and widen every row to the largest id
+        _, unit_arr = np.unique(np.asarray(unit, dtype=np.int64), return_inverse=True)
     nu = int(unit_arr.max(initial=-1)) + 1
     first = np.full(nu, -1, dtype=np.int64)
     first[unit_arr[::-1]] = np.arange(len(unit_arr))[::-1]  # first offering of each unit

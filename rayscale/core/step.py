@@ -45,6 +45,7 @@ class StepState:
     rate_history: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per history window
     next_history_s: float | None = None  # when the next history sample is due
     last_mix: Mapping[str, RequestMix] = field(default_factory=dict)
+    horizon_s: float | None = None  # the forecaster's look-ahead, worked out from the catalog once
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ def step(ctx: StepContext) -> StepResult:
     signals, history, next_history_s, last_mix = _with_history(ctx)
     corrections = update_corrections(catalog, dict(signals), dict(state.corrections),
                                      smoothing=correction_smoothing(cfg.period_s))
-    demands = estimate(catalog, dict(signals), corrections, forecaster_for(catalog, cfg), cfg.estimate,
+    horizon_s = state.horizon_s if state.horizon_s is not None else horizon_of(catalog, cfg)
+    forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s)
+    demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
     current: dict[Key, int] = {}
     for g in ctx.gangs:
@@ -88,7 +91,7 @@ def step(ctx: StepContext) -> StepResult:
     for a in actions:
         if isinstance(a, BackOff):
             unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
-    new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix)
+    new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix, horizon_s)
     return StepResult(result, demands, actions, new_state, signals)
 
 
@@ -133,10 +136,10 @@ def _window_rate(sig: ModelSignals, window_s: float) -> float:
 
 def forecaster_for(catalog: Catalog, settings: Settings) -> Forecaster:
     """The settings' forecaster, looking as far ahead as ordered capacity takes to serve."""
-    return _forecaster(settings.forecaster, _horizon_s(catalog, settings), settings.history_window_s)
+    return _forecaster(settings.forecaster, horizon_of(catalog, settings), settings.history_window_s)
 
 
-def _horizon_s(catalog: Catalog, settings: Settings) -> float:
+def horizon_of(catalog: Catalog, settings: Settings) -> float:
     if settings.forecast_horizon_s is not None:
         return settings.forecast_horizon_s
     starts = [catalog.flavors[f].node_startup_s + catalog.profile(m, f).startup_s

@@ -72,9 +72,12 @@ def parse_gen(spec: str, seed: int = 0) -> Trace:
 
 
 def load_spec(spec: str, seed: int = 0, time_scale: float = 1.0, rate_scale: float = 1.0,
-              repeat: int = 1) -> Trace:
-    """A trace from a path or gen: spec, reshaped: time scale, then rate scale, then repeat."""
+              repeat: int = 1, resample: bool = False) -> Trace:
+    """A trace from a path or gen: spec, reshaped: time scale, then rate scale, then repeat. ``resample``: a
+    file trace becomes the ``seed``-th draw of its traffic (Trace.resample); a generator draws per seed anyway."""
     tr = parse_gen(spec, seed) if spec.startswith("gen:") else load_trace(spec)
+    if resample and not spec.startswith("gen:"):
+        tr = tr.resample(seed)
     if time_scale != 1.0:
         tr = tr.time_scale(time_scale)
     if rate_scale != 1.0:
@@ -84,3 +87,15 @@ def load_spec(spec: str, seed: int = 0, time_scale: float = 1.0, rate_scale: flo
     if len(tr) == 0:
         raise TraceSpecError(f"--trace {spec!r}: no requests after scaling")
     return tr
+
+
+WARMUP_SEED_OFFSET = 1000  # the warm-up draw's seed: never one a scored run uses
+
+
+def with_warmup_draw(spec: str, seed: int, time_scale: float = 1.0, rate_scale: float = 1.0) -> tuple[Trace, float]:
+    """Steady state without hindsight: another draw of the same traffic (seed + 1000) to warm up on, then the
+    scored draw (``seed``; a file trace is resampled for both). Returns the trace and when scoring starts."""
+    warm = load_spec(spec, seed + WARMUP_SEED_OFFSET, time_scale, rate_scale, resample=True)
+    scored = load_spec(spec, seed, time_scale, rate_scale, resample=True)
+    both = warm.then(scored)
+    return both, float(both.arrival_s[len(warm)])

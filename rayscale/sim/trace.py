@@ -228,6 +228,38 @@ class Trace:
             f"repeat{times}",
         )
 
+    def resample(self, seed: int, bin_s: float = 10.0) -> Trace:
+        """Another draw of the same traffic: per ``bin_s`` bin a Poisson number of arrivals with the bin's
+        count as its mean, spread uniformly over the bin, each with the lengths of a request drawn from the
+        same bin. The rate's shape over the day, the
+        within-minute bursts and the request mix stay; which requests arrive when does not."""
+        if not bin_s > 0:
+            raise ValueError(f"bin_s must be > 0, got {bin_s}")
+        if not len(self):
+            return self
+        rng = np.random.default_rng(seed)
+        bins = np.floor(self.arrival_s / bin_s).astype(np.int64)
+        nb = int(bins[-1]) + 1
+        counts = np.bincount(bins, minlength=nb)
+        drawn = rng.poisson(counts)
+        which = np.repeat(np.arange(nb), drawn)
+        start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        # Poisson draws are 0 where the bin's count is 0: every drawn arrival has requests of its bin to copy
+        pick = start[which] + np.floor(rng.random(len(which)) * counts[which]).astype(np.int64)
+        arrival = (which + rng.random(len(which))) * bin_s
+        order = np.argsort(arrival, kind="stable")
+        return self._with(arrival[order], self.prompt_tokens[pick][order], self.output_tokens[pick][order],
+                          f"resample{seed}")
+
+    def then(self, other: Trace, gap_s: float | None = None) -> Trace:
+        """This trace, then ``other`` ``gap_s`` after its end (default: this trace's mean gap)."""
+        if gap_s is None:
+            gap_s = self.duration_s / max(len(self) - 1, 1) if len(self) > 1 else 1.0
+        offset = self.duration_s + gap_s
+        return self._with(np.concatenate([self.arrival_s, other.arrival_s + offset]),
+                          np.concatenate([self.prompt_tokens, other.prompt_tokens]),
+                          np.concatenate([self.output_tokens, other.output_tokens]), f"then({other.name})")
+
     def window(self, start_s: float = 0.0, end_s: float | None = None, rebase: bool = True) -> Trace:
         """Requests arriving in ``[start_s, end_s)``; with ``rebase`` the window starts at time 0."""
         lo = int(np.searchsorted(self.arrival_s, start_s, side="left"))

@@ -90,7 +90,7 @@ def test_settings_files_name_the_file_and_the_field(tmp_path: Path) -> None:
         with pytest.raises(CatalogError, match=str(f).replace(".", r"\.")) as e:
             load_settings(f)
         assert message in str(e.value)
-    with pytest.raises(CatalogError, match="ControllerSpec.settings: period_s: Input should be a valid number"):
+    with pytest.raises(CatalogError, match=r"ControllerSpec\.settings: period_s: Input should be a valid number"):
         settings_from_mapping({"period_s": "fast"}, "ControllerSpec.settings")
 
 
