@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 BENCHES = [
+    ["bench.eval_split", "--out", "bench/results/eval_split.md"],
     ["bench.planner", "--out", "bench/results/planner.md"],
     ["bench.simulate_speed"],
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],

@@ -174,7 +174,7 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
     lines = []
     for i, name in enumerate(SHORT):
         if steady and i in steady and "rayscale" in steady[i]:
-            r, o, st = steady[i]["rayscale"], steady[i]["oracle"], steady[i]["stock"]
+            r, o, st = steady[i]["rayscale"], steady[i]["fluid-bound"], steady[i]["stock"]
             lines.append(f"- {name}: rayscale {100 * r.slo_attainment:.2f}% SLO, ${r.cost_usd:.2f} = "
                          f"{r.cost_usd / o.cost_usd:.1f}x the oracle and {r.cost_usd / st.cost_usd:.2f}x stock "
                          f"({100 * st.slo_attainment:.2f}% SLO)")
@@ -238,7 +238,7 @@ def run_tradeoffs(cats: list[Catalog], traces: list[Trace], base: dict[int, dict
         row: list[Any] = [v.label, v.forecaster, v.target_utilization, v.headroom, int(v.downscale_delay_s)]
         for i, tr in enumerate(traces):
             r = Simulation(cats[i], tr, v.policy(solver), SimConfig(seed=seed)).run()
-            o, s = base[i]["oracle"].cost_usd, base[i]["stock"].cost_usd
+            o, s = base[i]["fluid-bound"].cost_usd, base[i]["stock"].cost_usd
             row += [f"{100 * r.slo_attainment:.2f}%", round(r.cost_usd, 2), f"{r.cost_usd / o:.1f}x",
                     f"{r.cost_usd / s:.2f}x"]
             print(f"  {v.label} / {SHORT[i]}: {100 * r.slo_attainment:.2f}% ${r.cost_usd:.2f}", flush=True)
@@ -314,7 +314,7 @@ def main() -> None:
                    f"mean {st.rate_per_s:.2f} req/s, prompt mean {st.prompt_tokens_mean:.0f} / p95 "
                    f"{st.prompt_tokens_p95:.0f}, output mean {st.output_tokens_mean:.0f} tokens.\n\n```\n"
                    f"{render_table(results, tr.name)}\n```\n")
-        o = base[i]["oracle"]
+        o = base[i]["fluid-bound"]
         out.append(f"oracle: fluid lower bound ${o.cost_usd:.2f}; its integer plan with instant nodes cost "
                    f"${o.extra['integer_cost_usd']:.2f} at {100 * o.slo_attainment:.2f}% SLO. "
                    f"{capacity_note(cats[i], tr, oracle, cfg.model)}\n")

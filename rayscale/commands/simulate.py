@@ -16,14 +16,17 @@ if TYPE_CHECKING:
     from rayscale.core.catalog import RequestMixSpec
     from rayscale.sim.trace import Trace
 
-POLICY_CHOICES = ("rayscale", "stock", "static-peak", "oracle", "all")
+POLICY_CHOICES = ("rayscale", "stock", "static-best", "clairvoyant", "fluid-bound", "static-peak", "oracle", "all")
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "simulate", help="replay a request trace against scaling policies (simulated cloud and engines)",
-        description="Simulate a trace with the rayscale core, Ray Serve's stock autoscaler + Karpenter, "
-                    "static peak provisioning and a perfect-foresight oracle. --trace takes a file (Azure CSV "
+        description="Simulate a trace with the rayscale core against baselines an operator would run: Ray "
+                    "Serve's own autoscaler configured for the model (stock), the cheapest fixed fleet that "
+                    "reaches the SLO (static-best), a clairvoyant per-minute plan with real start-up "
+                    "(clairvoyant) and the fluid cost integral (fluid-bound, no SLO; alias oracle); "
+                    "static-peak on request. --trace takes a file (Azure CSV "
                     "or Mooncake JSONL) or gen:poisson|diurnal|bursty[:key=value,...], e.g. "
                     "gen:diurnal:base=1,peak=12,hours=24 or gen:bursty:base=2,burst=12,every_s=1800,burst_s=300,hours=4.",
     )
@@ -32,13 +35,23 @@ def register(sub: Any) -> None:
     add_catalog_args(p)
     add_settings_args(p)
     p.add_argument("--trace", required=True, help="trace file, or gen:KIND[:key=value,...]")
-    p.add_argument("--policy", choices=POLICY_CHOICES, default="all")
+    p.add_argument("--policy", choices=POLICY_CHOICES, default="all",
+                   help="all: rayscale, stock, static-best, clairvoyant, fluid-bound")
+    p.add_argument("--on-demand-only", action="store_true",
+                   help="every policy plans and buys on-demand capacity only (the catalog without spot)")
+    p.add_argument("--stock-target", type=float, default=None, metavar="X",
+                   help="the stock policy's target_ongoing_requests (max_ongoing_requests 2x); default: 75%% of "
+                        "one replica's concurrency at the SLO on its flavor. A sweep draws a cost-vs-SLO curve")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
     p.add_argument("--repeat", type=int, default=1, help="play the trace this many times back to back")
-    p.add_argument("--warmup", default="0", metavar="S|pass",
-                   help="serve the first S seconds but score neither their requests nor their cost; 'pass' with "
-                        "--repeat N >= 2: the first pass (steady state: the controller has seen the trace once)")
+    p.add_argument("--resample", action="store_true",
+                   help="a trace file becomes the --seed-th draw of its traffic (per 10-s bin a Poisson count around "
+                        "the file's, lengths drawn from the same bin): seeds change the arrivals, as generators' do")
+    p.add_argument("--warmup", default="0", metavar="S|pass|draw",
+                   help="serve the first S seconds but score neither their requests nor their cost; 'draw': "
+                        "steady state without hindsight (warm up on another draw of the same traffic, then score the "
+                        "--seed draw); 'pass' with --repeat N >= 2: warm up on the scored arrivals themselves")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
     p.add_argument("--request-mix", metavar="trace|PROMPT,OUTPUT[,PROMPT_P95]",
@@ -63,10 +76,11 @@ def run(args: argparse.Namespace) -> int:
 
     from rayscale.config import load_catalog
     from rayscale.core.catalog import CatalogError
+    from rayscale.sim.baselines import on_demand_only
     from rayscale.sim.engine import EngineConfig
-    from rayscale.sim.policies import POLICIES
+    from rayscale.sim.policies import POLICIES, StockConfig, make_policy
     from rayscale.sim.simulator import SimConfig, simulate
-    from rayscale.sim.sources import TraceSpecError, load_spec
+    from rayscale.sim.sources import TraceSpecError, load_spec, with_warmup_draw
     from rayscale.sim.trace import TraceFormatError
 
     # --model (shared with `plan`) names the simulated model; default: the project's default model.
@@ -86,10 +100,16 @@ def run(args: argparse.Namespace) -> int:
             cat = cat.subset(None, args.only_flavors)
             if model not in cat.models:
                 raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
-        trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat)
-        warmup = _warmup(args.warmup, trace, args.repeat)
+        if args.warmup == "draw":  # steady state warmed up on other arrivals of the same traffic
+            trace, warmup = with_warmup_draw(args.trace, args.seed, args.time_scale, args.rate_scale)
+        else:
+            trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat, args.resample)
+            warmup = _warmup(args.warmup, trace, args.repeat)
         if args.request_mix is not None:
             cat = cat.with_request_mix(model, request_mix_arg(args.request_mix, trace))
+        if args.on_demand_only:
+            cat = on_demand_only(cat)
+        stock = StockConfig(target_ongoing_requests=args.stock_target)
         engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
@@ -102,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress and sys.stderr.isatty() and len(trace) > 50_000
     for name in names:
         try:
-            results.append(simulate(cat, trace, name, cfg, progress=progress))
+            results.append(simulate(cat, trace, make_policy(name, settings, stock), cfg, progress=progress))
         except ValueError as e:
             print(f"error: policy {name}: {e}", file=sys.stderr)
             return 2
@@ -158,19 +178,38 @@ def _warmup(value: str, trace: Any, repeat: int) -> float:
 def render_table(results: list[Any], trace_name: str) -> str:
     from rayscale.tables import format_table
 
-    oracle = next((r for r in results if r.policy == "oracle"), None)
-    stock = next((r for r in results if r.policy == "stock"), None)
+    clair = next((r for r in results if r.policy == "clairvoyant"), None)
+    static = next((r for r in results if r.policy == "static-best"), None)
 
     def ratio(v: float, base: Any) -> str:
         return f"{v / base.cost_usd:.2f}x" if base is not None and base.cost_usd > 0 else "-"
 
     rows = [[r.policy, r.requests, f"{100 * r.slo_attainment:.2f}%", r.ttft_p95_s, r.tpot_p95_s, r.cost_usd,
-             ratio(r.cost_usd, oracle), ratio(r.cost_usd, stock), r.accelerator_hours, r.idle_node_hours,
+             ratio(r.cost_usd, clair), ratio(r.cost_usd, static), r.accelerator_hours, r.idle_node_hours,
              r.failed_requests, r.scale_up_events, r.wall_s] for r in results]
-    head = ["policy", "requests", "SLO met", "TTFT p95 s", "TPOT p95 s", "cost $", "vs oracle", "vs stock",
-            "accel h", "idle node h", "failed", "scale-ups", "wall s"]
+    head = ["policy", "requests", "SLO met", "TTFT p95 s", "TPOT p95 s", "cost $", "vs clairvoyant",
+            "vs static-best", "accel h", "idle node h", "failed", "scale-ups", "wall s"]
     title = f"trace {trace_name}"
     warm = results[0].extra.get("warmup_s") if results else None
     if warm:
         title += f", scored after a {warm:g} s warm-up ({results[0].extra['requests_warmup']} requests served unscored)"
-    return format_table(head, rows, title=title)
+    notes = [_note(r) for r in results]
+    return "\n".join([format_table(head, rows, title=title), *(n for n in notes if n)])
+
+
+def _note(r: Any) -> str:
+    """One line on what a baseline chose (and whether it reached its goal), or on the fluid bound."""
+    x = r.extra
+    if r.policy == "static-best":
+        return f"static-best: fleet {x['fleet']}, {x['search_replays']} replays" + (f"; {x['note']}" if "note" in x else "")
+    if r.policy == "clairvoyant":
+        return (f"clairvoyant: {x['flavor']} at {x['capacity_rps']:.3g} req/s per replica (measured), headroom "
+                f"x{x['headroom']:.3g}, ordered {x['lead_s']:.0f} s ahead, {x['search_replays']} replays"
+                + (f"; {x['note']}" if "note" in x else ""))
+    if r.policy == "stock":
+        return (f"stock: {x['stock_flavor']}, target_ongoing_requests {x['stock_target_ongoing_requests']:.3g}, "
+                f"max_ongoing_requests {x['stock_max_ongoing_requests']}, max_replicas {x['stock_max_replicas']} "
+                f"(peak {x['stock_peak_replicas']})")
+    if r.policy == "fluid-bound":
+        return "fluid-bound: fractional replicas, instant nodes; its SLO column is another (integer) plan's"
+    return ""

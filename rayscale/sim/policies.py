@@ -2,15 +2,19 @@
 
 - ``rayscale``: the product's own ``rayscale.core.step.step`` with the shipped settings, fed ModelSignals built
   from the simulated metrics every control period, acting through the simulated cloud's provider;
-- ``stock``: Ray Serve's default autoscaling policy, Ray's own functions (replica_queue_length_autoscaling_policy,
-  _apply_scaling_factors, _apply_delay_logic with the simulated clock), then KubeRay + Karpenter: one GPU
-  flavor (a10g), the cheapest instance that fits one pending pod, batched (idle 1 s, max 10 s), idle nodes
-  linger (KubeRay idleTimeoutSeconds 60 s + consolidateAfter 30 s), graceful shutdown 20 s;
+- ``stock``: Ray Serve's own autoscaling policy functions (replica_queue_length_autoscaling_policy,
+  _apply_scaling_factors, _apply_delay_logic with the simulated clock), configured as a competent operator
+  would (StockPolicy), then KubeRay + Karpenter: the cheapest instance that fits one pending pod, batched
+  (idle 1 s, max 10 s), idle nodes linger (KubeRay idleTimeoutSeconds 60 s + consolidateAfter 30 s),
+  graceful shutdown 20 s;
+- ``static-best``, ``clairvoyant`` (rayscale.sim.baselines): the cheapest fixed fleet and the cheapest
+  per-minute plan with perfect knowledge of arrivals that reach the SLO goal by replay in the same engine;
 - ``static-peak``: the core planner fed the trace's peak rate (60 s windows) from start to end;
-- ``oracle``: perfect foresight (the next minute's true rate), instant nodes, no capacity errors or
-  interruptions, sized by the per-replica capacity at the SLO *measured* on the simulated engine
-  (rayscale.sim.capacity); its reported cost is the fluid lower bound (fractional replicas of the cheapest
-  $/req offering, spot at the flavor's spot share), and its latency comes from running the integer plan.
+- ``fluid-bound`` (alias ``oracle``): perfect foresight (the next minute's true rate), instant nodes, no
+  capacity errors or interruptions, sized by the per-replica capacity at the SLO *measured* on the simulated
+  engine (rayscale.sim.capacity); its reported cost is the fluid integral (fractional replicas of the cheapest
+  $/req offering, spot at the flavor's spot share), with no SLO claim: its latency comes from running a
+  different (integer) plan.
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from rayscale.core.estimate import (
     Demand,
     EstimateSettings,
     estimate,
+    prior_mix,
 )
 from rayscale.core.forecast import FORECASTERS, Forecaster
+from rayscale.core.gangs import gang_shape
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix, length_quantiles
@@ -43,16 +49,22 @@ from rayscale.sim.provider import SimProvider
 if TYPE_CHECKING:
     from rayscale.sim.simulator import Simulation
 
-POLICIES = ("rayscale", "stock", "static-peak", "oracle")
+# What `rayscale simulate --policy all` runs; static-peak and the alias oracle (= fluid-bound) on request.
+POLICIES = ("rayscale", "stock", "static-best", "clairvoyant", "fluid-bound")
+ALIASES = {"oracle": "fluid-bound"}
 
 
 @dataclass(frozen=True)
 class StockConfig:
-    """Ray Serve defaults (FACTS.md) plus the KubeRay/Karpenter chain."""
+    """Ray Serve's autoscaling settings and the KubeRay/Karpenter chain. None: configured from the catalog as
+    StockPolicy's docstring says (the best single flavor, 75% of its concurrency at the SLO, ...)."""
 
-    flavor: str = "a10g"
-    target_ongoing_requests: float = 2.0
-    max_ongoing_requests: int = 5
+    flavor: str | None = None
+    target_ongoing_requests: float | None = None
+    target_share: float = 0.75  # of one replica's concurrency at the SLO
+    max_ongoing_requests: int | None = None  # None: 2x the target, rounded up
+    max_replicas: int | None = None  # None: the flavor's NodePool limit in replicas (never the binding cap)
+    tuned_chunk: bool = True  # the prefill chunk rayscale picks (rayscale.core.chunk); False: vLLM's default
     upscale_delay_s: float = 30.0
     downscale_delay_s: float = 600.0
     look_back_period_s: float = 30.0
@@ -60,6 +72,25 @@ class StockConfig:
     idle_timeout_s: float = 60.0  # KubeRay idleTimeoutSeconds
     consolidate_after_s: float = 30.0  # Karpenter consolidateAfter for empty nodes
     graceful_shutdown_timeout_s: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.target_ongoing_requests is not None and not self.target_ongoing_requests > 0:
+            raise ValueError(f"stock target_ongoing_requests must be > 0, got {self.target_ongoing_requests}")
+        if not 0 < self.target_share <= 1:
+            raise ValueError(f"stock target_share must be in (0, 1], got {self.target_share}")
+
+
+@dataclass(frozen=True)
+class StockSetup:
+    """What StockPolicy.configure chose, and from what."""
+
+    flavor: str
+    usd_per_rps: float  # $/h per req/s at the SLO (estimator), on-demand, cheapest fitting instance
+    capacity_rps: float  # one replica at the SLO, estimator
+    concurrency: float  # sequences one replica runs at that load (estimator)
+    target_ongoing_requests: float
+    max_ongoing_requests: int
+    max_replicas: int
 
 
 class Policy:
@@ -218,7 +249,7 @@ class OraclePolicy(Policy):
     what perfect foresight and instant nodes would cost with whole replicas.
     """
 
-    name = "oracle"
+    name = "fluid-bound"
     actuator = ActuatorConfig(provision_delay_s=0.0, instant=True, drain_timeout_s=3600.0)
 
     def __init__(self, lookahead_s: float = 60.0, settings: Settings | None = None,
@@ -335,26 +366,75 @@ class OraclePolicy(Policy):
 
 
 class StockPolicy(Policy):
+    """Ray Serve's own autoscaling policy code, configured as a competent operator would configure it.
+
+    Configuration procedure (``configure``, from the catalog alone: no trace statistics):
+
+    1. Flavor: the model's best single flavor, the lowest $ per req/s at the SLO. Capacity per replica is
+       the estimator's (rayscale.core.estimate at target utilisation 1.0) for the model's declared request
+       mix (models.yaml ``request_mix``, or ``--request-mix``); price is Karpenter's cheapest instance that
+       fits one replica (rayscale.core.gangs.gang_shape), on-demand.
+    2. ``target_ongoing_requests``: ``target_share`` (75%) of one replica's concurrency at the SLO, the
+       estimator's batch at that capacity (Little's law: capacity x latency). ``--stock-target X`` overrides
+       it (a sweep draws a cost-vs-SLO curve).
+    3. ``max_ongoing_requests``: 2x the target, rounded up (queueing at the replica, not the proxy).
+    4. ``max_replicas``: the flavor's NodePool limit in replicas, so the cluster's limit binds before Serve's;
+       ``min_replicas``: the model's, at least 1. Delays and look-back: Serve's defaults.
+
+    Replicas run the prefill chunk rayscale picks (the same chunk rule as every policy; ``tuned_chunk=False``
+    gives vLLM's default) on on-demand capacity only.
+    """
+
     name = "stock"
 
     def __init__(self, cfg: StockConfig = StockConfig()) -> None:
         self.cfg = cfg
-        self.slot_cap = cfg.max_ongoing_requests
-        self.tuned_chunk = False  # Ray Serve LLM passes vLLM's engine defaults unless the user tunes them
+        self.tuned_chunk = cfg.tuned_chunk
         self.actuator = ActuatorConfig(
             provision_delay_s=cfg.autoscaler_delay_s, karpenter_batch=True,
             node_linger_s=cfg.idle_timeout_s + cfg.consolidate_after_s, reuse_idle_nodes=True,
             drain_timeout_s=cfg.graceful_shutdown_timeout_s,
         )
+        self.setup: StockSetup | None = None
         self.target = 0
+        self.peak_target = 0
         self.state: dict[str, Any] = {}
         self._ray: Any = None
 
-    def flavors(self, catalog: Catalog, model: str) -> list[str]:
-        if self.cfg.flavor not in catalog.models[model].parallelism:
+    @property
+    def flavor(self) -> str:
+        assert self.setup is not None, "StockPolicy.configure runs first (Simulation calls flavors())"
+        return self.setup.flavor
+
+    def configure(self, catalog: Catalog, model: str) -> StockSetup:
+        """Steps 1-4 of the class docstring."""
+        spec = catalog.models[model]
+        mix = prior_mix(catalog, model)
+        d = estimate(catalog.subset([model]), {model: ModelSignals(model, Freshness.FRESH, 0.0, 1.0, mix)}, None,
+                     FORECASTERS["last"], EstimateSettings(target_utilization=1.0, burst_floor=False))[model]
+        if self.cfg.flavor is not None and self.cfg.flavor not in spec.parallelism:
             raise ValueError(f"stock policy: model {model} has no flavor {self.cfg.flavor!r}; "
-                             f"allowed: {sorted(catalog.models[model].parallelism)}")
-        return [self.cfg.flavor]
+                             f"allowed: {sorted(spec.parallelism)}")
+        names = [self.cfg.flavor] if self.cfg.flavor is not None else sorted(spec.parallelism)
+        best: tuple[float, str] | None = None
+        for f in names:
+            c = d.capacity.get(f)
+            usd = replica_usd_per_h(catalog, model, f, CapacityType.ON_DEMAND)
+            per = usd / c.rps if c is not None and c.rps > 0 else math.inf
+            if best is None or per < best[0]:
+                best = (per, f)
+        assert best is not None
+        flavor = best[1]
+        cap = d.capacity[flavor]
+        target = self.cfg.target_ongoing_requests or max(self.cfg.target_share * cap.batch, 1.0)
+        max_ongoing = self.cfg.max_ongoing_requests or math.ceil(2 * target)
+        self.setup = StockSetup(flavor, best[0], cap.rps, cap.batch, target, max_ongoing,
+                                self.cfg.max_replicas or limit_replicas(catalog, model, flavor))
+        self.slot_cap = max_ongoing
+        return self.setup
+
+    def flavors(self, catalog: Catalog, model: str) -> list[str]:
+        return [self.configure(catalog, model).flavor]
 
     def _load_ray(self, sim: Simulation) -> None:
         try:
@@ -363,10 +443,11 @@ class StockPolicy(Policy):
             from ray.serve.config import AutoscalingConfig, AutoscalingContext
         except ImportError as e:  # pragma: no cover - ray is a hard dependency
             raise RuntimeError(f"the stock policy calls Ray Serve's autoscaling code: {e}") from e
-        spec = sim.catalog.models[sim.model]
+        spec, setup = sim.catalog.models[sim.model], self.setup
+        assert setup is not None
         conf = AutoscalingConfig(
-            min_replicas=max(1, spec.min_replicas), max_replicas=spec.max_replicas,
-            target_ongoing_requests=self.cfg.target_ongoing_requests, upscale_delay_s=self.cfg.upscale_delay_s,
+            min_replicas=max(1, spec.min_replicas), max_replicas=max(setup.max_replicas, 1),
+            target_ongoing_requests=setup.target_ongoing_requests, upscale_delay_s=self.cfg.upscale_delay_s,
             downscale_delay_s=self.cfg.downscale_delay_s, look_back_period_s=self.cfg.look_back_period_s,
         )
         self._ray = (ap, DeploymentID(sim.model, "sim"), conf, AutoscalingContext)
@@ -376,12 +457,12 @@ class StockPolicy(Policy):
         _, _, conf, _ = self._ray
         # Steady state at the initial load: ongoing = rate x latency (Little), replicas = ongoing / target.
         rate, mix = sim.future_load(0.0, 60.0)
-        prof = sim.catalog.profile(sim.model, self.cfg.flavor)
+        prof = sim.catalog.profile(sim.model, self.flavor)
         latency = prof.ttft_s(mix.prompt_mean) + max(mix.output_mean - 1, 0) * prof.itl_s(2)
-        n = math.ceil(rate * latency / self.cfg.target_ongoing_requests)
-        self.target = min(max(n, conf.min_replicas), conf.max_replicas)
+        n = math.ceil(rate * latency / conf.target_ongoing_requests)
+        self.target = self.peak_target = min(max(n, conf.min_replicas), conf.max_replicas)
         for _ in range(self.target):
-            sim.cluster.place_warm(self.cfg.flavor, CapacityType.ON_DEMAND.value, 0.0)
+            sim.cluster.place_warm(self.flavor, CapacityType.ON_DEMAND.value, 0.0)
 
     def decide(self, now: float, ongoing: float, running_replicas: int) -> int:
         """Ray Serve's default policy as `_apply_autoscaling_config` wraps it, on the simulated clock."""
@@ -412,20 +493,57 @@ class StockPolicy(Policy):
     def control(self, now: float, sim: Simulation) -> None:
         ongoing = sim.mean_ongoing(now, self.cfg.look_back_period_s)
         self.target = self.decide(now, ongoing, sim.cluster.live_count())
-        sim.cluster.set_target(self.cfg.flavor, CapacityType.ON_DEMAND.value, self.target, now)
+        self.peak_target = max(self.peak_target, self.target)
+        sim.cluster.set_target(self.flavor, CapacityType.ON_DEMAND.value, self.target, now)
+
+    def extra(self) -> dict[str, Any]:
+        s = self.setup
+        if s is None:
+            return {}
+        return {"stock_flavor": s.flavor, "stock_target_ongoing_requests": s.target_ongoing_requests,
+                "stock_max_ongoing_requests": s.max_ongoing_requests, "stock_max_replicas": s.max_replicas,
+                "stock_peak_replicas": self.peak_target, "stock_concurrency_at_slo": s.concurrency,
+                "stock_capacity_rps": s.capacity_rps}
 
 
-def make_policy(name: str, settings: Settings | None = None) -> Policy:
-    """A policy by name; rayscale, static-peak and oracle plan with ``settings`` (the shipped ones by default)."""
+def replica_usd_per_h(catalog: Catalog, model: str, flavor: str, ct: CapacityType) -> float:
+    """One replica's $/h on Karpenter's cheapest instance that fits it (its gang: nodes x instance price)."""
+    shape = gang_shape(catalog, model, flavor, ct)
+    return shape.nodes * catalog.price(flavor, shape.instance_type, ct)
+
+
+def limit_replicas(catalog: Catalog, model: str, flavor: str, cap: int = 1000) -> int:
+    """Most replicas of ``model`` the flavor's NodePool limits hold (``cap`` when unlimited)."""
+    shape = gang_shape(catalog, model, flavor)
+    fl = catalog.flavors[flavor]
+    devices = shape.nodes * fl.instance(shape.instance_type).devices
+    n = cap
+    if fl.limits.devices is not None:
+        n = min(n, fl.limits.devices // max(devices, 1))
+    if fl.limits.nodes is not None:
+        n = min(n, fl.limits.nodes // max(shape.nodes, 1))
+    return n
+
+
+def make_policy(name: str, settings: Settings | None = None, stock: StockConfig | None = None) -> Policy:
+    """A policy by name (POLICIES, static-peak, or the alias oracle); rayscale, static-peak and fluid-bound plan
+    with ``settings`` (the shipped ones by default); ``stock`` configures the stock policy."""
+    from rayscale.sim.baselines import ClairvoyantPolicy, StaticBestPolicy
+
+    name = ALIASES.get(name, name)
     if name == "rayscale":
         return RayscalePolicy(settings)
     if name == "stock":
-        return StockPolicy()
+        return StockPolicy(stock or StockConfig())
     if name == "static-peak":
         return StaticPeakPolicy(settings)
-    if name == "oracle":
+    if name == "fluid-bound":
         return OraclePolicy(settings=settings)
-    raise ValueError(f"unknown policy {name!r}; allowed: {', '.join(POLICIES)}, all")
+    if name == "static-best":
+        return StaticBestPolicy()
+    if name == "clairvoyant":
+        return ClairvoyantPolicy()
+    raise ValueError(f"unknown policy {name!r}; allowed: {', '.join((*POLICIES, 'static-peak', *ALIASES))}, all")
 
 
 def window_mix(prompt: np.ndarray, output: np.ndarray) -> RequestMix | None:

@@ -80,6 +80,7 @@ class SimResult:
     node_hours: float = 0.0
     capacity_errors: int = 0
     spot_interruptions: int = 0
+    rejected_requests: int = 0  # longer than the model's max_model_len: rejected as vLLM does, not SLO misses
     ticks: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
     timeline: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -117,9 +118,17 @@ class Simulation:
         self.rng = np.random.default_rng(cfg.seed)
         flavors = policy.flavors(catalog, cfg.model)
         max_kv = max(catalog.profile(cfg.model, f).kv_tokens for f in flavors)
-        self.arr = trace.arrival_s
-        self.prompt = trace.prompt_tokens
-        self.output = np.maximum(trace.output_tokens, 1)
+        # A prompt that leaves no room in the model's context is rejected as vLLM rejects it (400, never
+        # queued, counted apart from SLO misses); an output that would overrun it stops at the limit.
+        limit = self.spec.max_model_len
+        served = trace.prompt_tokens < limit if limit else np.ones(len(trace), dtype=bool)
+        self.rejected_s = trace.arrival_s[~served]
+        self.arr = trace.arrival_s[served]
+        self.prompt = trace.prompt_tokens[served]
+        out = trace.output_tokens[served]
+        self.output = np.maximum(np.minimum(out, limit - self.prompt) if limit else out, 1)
+        if len(self.arr) == 0:
+            raise ValueError(f"trace {trace.name!r}: every request is longer than {cfg.model}'s max_model_len {limit}")
         self.engine = make_engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv)
         self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
                                slot_cap=policy.slot_cap)
@@ -350,6 +359,7 @@ class Simulation:
             failed_requests=int(((eng.status == FAILED) & scored).sum()), scale_up_events=totals.scale_up_events,
             wall_s=wall, sim_s=end, node_hours=totals.node_hours, capacity_errors=totals.capacity_errors,
             spot_interruptions=totals.spot_interruptions, ticks=ticks, extra=extra,
+            rejected_requests=int((self.rejected_s >= self.cfg.warmup_s).sum()),
             timeline=self._timeline(end, ok_all),
         )
 

@@ -12,7 +12,7 @@ import pytest
 from rayscale.commands import simulate as simulate_cmd
 from rayscale.config import load_catalog
 from rayscale.core.settings import Settings
-from rayscale.sim.policies import StockPolicy
+from rayscale.sim.policies import POLICIES, StockConfig, StockPolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
 from rayscale.sim.sources import TraceSpecError, load_spec
 
@@ -35,8 +35,9 @@ def results():
 
 def test_stock_never_leaves_one_flavor(results):
     r = results["stock"]
-    assert set(r.timeline["replicas"]) == {"a10g"}
-    sim = Simulation(CAT, TRACE, StockPolicy(), SimConfig(seed=1))
+    flavor = r.extra["stock_flavor"]  # its best single flavor (configured from the catalog)
+    assert set(r.timeline["replicas"]) == {flavor}
+    sim = Simulation(CAT, TRACE, StockPolicy(StockConfig(flavor="a10g")), SimConfig(seed=1))
     sim.run()
     assert {n.flavor for n in sim.cluster.nodes.values()} == {"a10g"}
     assert {n.capacity_type for n in sim.cluster.nodes.values()} == {"on-demand"}
@@ -65,7 +66,7 @@ def test_summary_keys_and_sanity(results):
 
 
 def test_stock_uses_rays_default_policy_on_the_simulated_clock():
-    pol = StockPolicy()
+    pol = StockPolicy(StockConfig(target_ongoing_requests=2.0))
     sim = Simulation(CAT, TRACE, pol, SimConfig())
     pol.warm_start(sim)
     pol.target = 2
@@ -101,7 +102,7 @@ def test_cli_json_keys(capsys):
                    "--no-progress"])
     assert rc == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["policy"] for r in rows] == ["rayscale", "stock", "static-peak", "oracle"]
+    assert [r["policy"] for r in rows] == list(POLICIES)
     for r in rows:
         assert {"policy", "requests", "slo_attainment", "ttft_p95_s", "tpot_p95_s", "cost_usd", "accelerator_hours",
                 "idle_node_hours", "failed_requests", "scale_up_events", "wall_s"} <= set(r)
@@ -197,7 +198,8 @@ def test_the_mix_reaches_back_to_enough_requests_and_no_further():
 
 
 def test_each_policy_runs_the_prefill_chunk_it_would_deploy(capsys: pytest.CaptureFixture[str]) -> None:
-    """rayscale's replicas run the chunk it picks for the declared mix; the stock stack's vLLM's default."""
+    """rayscale's replicas run the chunk it picks for the declared mix, and so does the stock stack unless
+    configured with vLLM's default."""
     from rayscale.core.catalog import RequestMixSpec
     from rayscale.core.chunk import choose_chunks
     from rayscale.sim.policies import make_policy
@@ -206,14 +208,15 @@ def test_each_policy_runs_the_prefill_chunk_it_would_deploy(capsys: pytest.Captu
     chosen = choose_chunks(code.subset(["mistral-7b"]))
     assert chosen[("mistral-7b", "l40s")] < 2048
     tr = load_spec("gen:poisson:rate=6,hours=0.05", seed=0)
-    for name in ("rayscale", "stock"):
-        sim = Simulation(code, tr, make_policy(name), SimConfig())
+    for name in ("rayscale", "stock", "stock-untuned"):
+        pol = StockPolicy(StockConfig(tuned_chunk=False)) if name == "stock-untuned" else make_policy(name)
+        sim = Simulation(code, tr, pol, SimConfig())
         sim.run()
         eng = sim.engine
         assert eng.nr > 0
         for r in range(eng.nr):
             flavor = sim.flavors[int(eng.r_flavor[r])]
-            want = chosen[("mistral-7b", flavor)] if name == "rayscale" else 2048
+            want = 2048 if name == "stock-untuned" else chosen[("mistral-7b", flavor)]
             assert eng.r_chunk[r] == want, (name, flavor)
     # The CLI declares the mix: 'trace' or numbers; a bad value names the flag and changes nothing.
     spec = "gen:poisson:rate=1,hours=0.01"

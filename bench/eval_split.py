@@ -1,0 +1,160 @@
+"""The product on traffic it was not tuned on, against baselines an operator would run and a lead-time bound.
+
+    .venv/bin/python -m bench.eval_split [--seeds 0,1,2,3,4] [--jobs 2] [--split both|dev|held-out]
+                                         [--out bench/results/eval_split.md]
+
+Every policy runs in the same simulator, on the same cloud draws, start-up times and prefill-chunk rules:
+
+- ``rayscale``: the shipped product (``rayscale.core.step.step`` with rayscale/data/settings.yaml);
+- ``stock``: Ray Serve's own autoscaling policy on the model's best single flavor, configured as an operator
+  would (rayscale.sim.policies.StockPolicy documents the procedure);
+- ``static-best``: the cheapest fixed fleet that reaches the SLO goal, found by replaying the scored traffic
+  (hindsight: a bound on what a fixed fleet can do, not a policy one could run);
+- ``clairvoyant``: knows the future arrivals, orders capacity its start-up time ahead, billed from launch,
+  and reaches the same SLO goal by replay: the bound rayscale is measured against;
+- ``fluid-bound``: fractional replicas on instant nodes (cost only; no SLO claim).
+
+No hindsight for the product: no request mix is declared (it is learned online), seeds draw new arrivals
+(trace files are resampled per seed, ``Trace.resample``), and steady state warms up on another draw of the
+same traffic (seed + 1000) before the scored one. On-demand capacity only (spot is reported apart).
+
+Splits: ``dev`` is the traffic the shipped settings were tuned on (bench/results/sim_policies.md,
+burst_floor.md, scale_down_moves.md); ``held-out`` is traffic no setting was ever tried on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, machine, span
+from rayscale.config import load_catalog
+from rayscale.sim.baselines import on_demand_only
+from rayscale.sim.policies import POLICIES
+from rayscale.sim.simulator import SimConfig, simulate
+from rayscale.sim.sources import load_spec, with_warmup_draw
+
+MODEL = "mistral-7b"
+TRACES = ROOT.parent / "shared" / "traces"
+# (split, label, trace spec, time scale, rate scale)
+CASES: list[tuple[str, str, str, float, float]] = [
+    ("dev", "Azure code x3", str(TRACES / "azure_llm_2023_code.csv"), 1.0, 3.0),
+    ("dev", "diurnal 6 h", "gen:diurnal:base=1,peak=12,hours=6,period_h=6", 1.0, 1.0),
+    ("dev", "bursty 4 h", "gen:bursty:base=2,burst=12,every_s=1800,burst_s=300,hours=4", 1.0, 1.0),
+    ("held-out", "Mooncake 1 h (long prompts)", str(TRACES / "mooncake_synthetic.jsonl"), 3.5, 1.0),
+    ("held-out", "spiky 2 h, long answers",
+     "gen:bursty:base=1,burst=8,every_s=420,burst_s=60,hours=2,prompt=3000,output=300", 1.0, 1.0),
+    ("held-out", "fast day 3 h", "gen:diurnal:base=2,peak=20,hours=3,period_h=1.5,prompt=600,output=200", 1.0, 1.0),
+]
+
+
+def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
+    _, label, spec, ts, rs = CASES[case]
+    cat = on_demand_only(load_catalog().subset([MODEL]))
+    if steady:
+        trace, warm = with_warmup_draw(spec, seed, ts, rs)
+    else:
+        trace, warm = load_spec(spec, seed, ts, rs, resample=True), 0.0
+    cfg = SimConfig(model=MODEL, seed=seed, warmup_s=warm)
+    out: list[dict[str, Any]] = []
+    for name in POLICIES:
+        t0 = time.perf_counter()
+        r = simulate(cat, trace, name, cfg)
+        out.append({"case": case, "seed": seed, "steady": steady, "policy": name, "slo": r.slo_attainment,
+                    "usd": r.cost_usd, "rejected": r.rejected_requests, "requests": r.requests,
+                    "ups": r.scale_up_events, "wall": time.perf_counter() - t0,
+                    "reached": r.extra.get("reached_goal")})
+    by_policy: dict[str, dict[str, Any]] = {r["policy"]: r for r in out}
+    print(f"  {label} seed={seed} {'steady' if steady else 'cold'}: " + ", ".join(
+        f"{p} {100 * r['slo']:.2f}% ${r['usd']:.2f}" for p, r in by_policy.items()), flush=True)
+    return out
+
+
+def table(rows: list[dict[str, Any]], steady: bool) -> str:
+    from rayscale.tables import format_table
+
+    out: list[list[Any]] = []
+    for case, (split, label, *_rest) in enumerate(CASES):
+        sel = [r for r in rows if r["case"] == case and r["steady"] == steady]
+        if not sel:
+            continue
+        cv = {r["seed"]: r["usd"] for r in sel if r["policy"] == "clairvoyant"}
+        sb = {r["seed"]: r["usd"] for r in sel if r["policy"] == "static-best"}
+        for p in POLICIES:
+            pr = [r for r in sel if r["policy"] == p]
+            if not pr:
+                continue
+            vs_cv = [r["usd"] / cv[r["seed"]] for r in pr if cv.get(r["seed"])]
+            vs_sb = [r["usd"] / sb[r["seed"]] for r in pr if sb.get(r["seed"])]
+            out.append([split, label, p, len(pr), span([r["slo"] for r in pr], True), span([r["usd"] for r in pr], False),
+                        f"{statistics.mean(vs_cv):.2f}x" if vs_cv and p != "fluid-bound" else "-",
+                        f"{statistics.mean(vs_sb):.2f}x" if vs_sb and p != "fluid-bound" else "-",
+                        round(statistics.mean(r["rejected"] for r in pr))])
+    return format_table(["split", "traffic", "policy", "seeds", "SLO min/mean/max", "$ min/mean/max",
+                         "$ vs clairvoyant", "$ vs static-best", "rejected"], out)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({r["case"] for r in rows})
+    fig, axes = plt.subplots(2, len(cases), figsize=(3.6 * len(cases), 6.6), squeeze=False)
+    colors = {"rayscale": "tab:red", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
+              "fluid-bound": "tab:green"}
+    for j, case in enumerate(cases):
+        for i, steady in enumerate((False, True)):
+            ax = axes[i][j]
+            for p, c in colors.items():
+                sel = [r for r in rows if r["case"] == case and r["steady"] == steady and r["policy"] == p]
+                if p == "fluid-bound":
+                    for r in sel:
+                        ax.axvline(r["usd"], color=c, lw=0.5, alpha=0.5)
+                    continue
+                ax.scatter([r["usd"] for r in sel], [100 * r["slo"] for r in sel], s=18, color=c, label=p)
+            ax.axhline(99.0, color="k", lw=0.5, ls="--")
+            ax.set_title(f"{CASES[case][1]} ({'steady' if steady else 'cold'})", fontsize=8)
+            ax.set_xlabel("cost $", fontsize=8)
+            ax.set_ylabel("SLO attainment %", fontsize=8)
+            ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--split", choices=["both", "dev", "held-out"], default="both")
+    ap.add_argument("--out", default="bench/results/eval_split.md")
+    args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    cases = [i for i, c in enumerate(CASES) if args.split in ("both", c[0])]
+    jobs = [(c, s, st) for c in cases for s in seeds for st in (False, True)]
+    print(f"{len(jobs)} runs of {len(POLICIES)} policies on {args.jobs} processes", flush=True)
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = [r for part in pool.map(one, *zip(*jobs, strict=True)) for r in part]
+    wall = time.perf_counter() - t0
+    out = Path(args.out)
+    plot(rows, out.with_suffix(".png"))
+    text = (f"# Evaluation: the shipped product on dev and held-out traffic\n\n{machine()}; "
+            f"`python -m bench.eval_split --seeds {args.seeds} --split {args.split}` ({wall:.0f} s on {args.jobs} "
+            f"processes); model {MODEL}, shipped catalog, on-demand only, fluid engine.\n\n"
+            + __doc__.split("\n\n", 2)[2] + "\n## Steady state (warmed up on another draw)\n\n```\n"
+            + table(rows, True) + "\n```\n\n## From cold (every policy starts from the fleet for the first 30 s)\n\n"
+            "```\n" + table(rows, False) + f"\n```\n\n![cost vs SLO per seed]({out.with_suffix('.png').name})\n")
+    out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
