@@ -14,7 +14,9 @@ Every policy runs in the same simulator, on the same cloud draws, start-up times
   and reaches the same SLO goal by replay: the bound rayscale is measured against;
 - ``fluid-bound``: fractional replicas on instant nodes (cost only; no SLO claim).
 
-No hindsight for the product: no request mix is declared (it is learned online), seeds draw new arrivals
+No hindsight for the product: no request mix is declared (it is learned online; ``rayscale+mix`` is the
+product with a ``request_mix`` declared from another draw of the same traffic, as an operator would write
+it from yesterday's logs, which also picks each flavor's prefill chunk), seeds draw new arrivals
 (trace files are resampled per seed, ``Trace.resample``), and steady state warms up on another draw of the
 same traffic (seed + 1000) before the scored one. On-demand capacity only (spot is reported apart).
 
@@ -36,9 +38,10 @@ from rayscale.config import load_catalog
 from rayscale.sim.baselines import on_demand_only
 from rayscale.sim.policies import POLICIES
 from rayscale.sim.simulator import SimConfig, simulate
-from rayscale.sim.sources import load_spec, with_warmup_draw
+from rayscale.sim.sources import WARMUP_SEED_OFFSET, load_spec, with_warmup_draw
 
 MODEL = "mistral-7b"
+DECLARED = "rayscale+mix"  # the product with a request_mix declared from another draw of the traffic
 TRACES = ROOT.parent / "shared" / "traces"
 # (split, label, trace spec, time scale, rate scale)
 CASES: list[tuple[str, str, str, float, float]] = [
@@ -60,10 +63,13 @@ def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
     else:
         trace, warm = load_spec(spec, seed, ts, rs, resample=True), 0.0
     cfg = SimConfig(model=MODEL, seed=seed, warmup_s=warm)
+    # What an operator could declare before this traffic: the request shape of another day (another draw).
+    prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
+    runs = [(name, cat, name) for name in POLICIES] + [(DECLARED, cat.with_request_mix(MODEL, prior), "rayscale")]
     out: list[dict[str, Any]] = []
-    for name in POLICIES:
+    for name, catalog, policy in runs:
         t0 = time.perf_counter()
-        r = simulate(cat, trace, name, cfg)
+        r = simulate(catalog, trace, policy, cfg)
         out.append({"case": case, "seed": seed, "steady": steady, "policy": name, "slo": r.slo_attainment,
                     "usd": r.cost_usd, "rejected": r.rejected_requests, "requests": r.requests,
                     "ups": r.scale_up_events, "wall": time.perf_counter() - t0,
@@ -84,7 +90,7 @@ def table(rows: list[dict[str, Any]], steady: bool) -> str:
             continue
         cv = {r["seed"]: r["usd"] for r in sel if r["policy"] == "clairvoyant"}
         sb = {r["seed"]: r["usd"] for r in sel if r["policy"] == "static-best"}
-        for p in POLICIES:
+        for p in (*POLICIES, DECLARED):
             pr = [r for r in sel if r["policy"] == p]
             if not pr:
                 continue
@@ -106,7 +112,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     cases = sorted({r["case"] for r in rows})
     fig, axes = plt.subplots(2, len(cases), figsize=(3.6 * len(cases), 6.6), squeeze=False)
-    colors = {"rayscale": "tab:red", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
+    colors = {"rayscale": "tab:red", DECLARED: "tab:orange", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
               "fluid-bound": "tab:green"}
     for j, case in enumerate(cases):
         for i, steady in enumerate((False, True)):
