@@ -40,8 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rayscale_testing.waits import wait_for
+
 from bench.common import git_state
-from rayscale.testing.waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_IP = "127.0.0.2"

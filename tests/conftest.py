@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from rayscale.testing.waits import wait_for  # noqa: F401  (re-exported to tests)
+from rayscale_testing.waits import wait_for  # noqa: F401  (re-exported to tests)
 
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback.
 

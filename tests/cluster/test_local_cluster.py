@@ -19,12 +19,12 @@ from typing import Any
 
 import psutil
 import pytest
+from rayscale_testing.waits import wait_for
 
 from rayscale.cluster.actuator import LABEL_CREATED, LABEL_GANG, LABEL_MODEL, LABEL_OWNER, LABEL_SIZE, OWNER
 from rayscale.cluster.local import PAUSE_ENV, LocalCluster, LocalClusterConfig, LocalClusterError
 from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
 from rayscale.core.act import GangPhase
-from rayscale.testing.waits import wait_for
 
 ROOT = Path("/tmp/rs-test-local")
 

@@ -74,7 +74,7 @@ import json, os, shutil, socket, tempfile
 import httpx
 from ray.cluster_utils import Cluster
 from rayscale.controller.serve_client import ServeClient, ServeClientError
-from rayscale.testing.waits import wait_for
+from rayscale_testing.waits import wait_for
 
 def free_port():
     with socket.socket() as s:

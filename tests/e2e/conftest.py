@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rayscale_testing.waits import wait_for
 
 from rayscale.autoscale_demo import app_args, local_stand_in_catalog
 from rayscale.cluster.local import LocalCluster, LocalClusterConfig
 from rayscale.core.catalog import Catalog
-from rayscale.testing.waits import wait_for
 
 NODE_IP = "127.0.0.2"
 APP = "rayscale"

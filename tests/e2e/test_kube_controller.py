@@ -23,6 +23,10 @@ from typing import Any
 
 import httpx
 import pytest
+from rayscale_testing.karpenter import Delays, KarpenterConfig, KarpenterStandIn
+from rayscale_testing.kubeapi import KubeAPIServer, WatchEvent
+from rayscale_testing.kuberay import KubeRayStandIn
+from rayscale_testing.raypods import RayPodKubelet
 
 from rayscale.cluster.kube import KubeActuator, KubeActuatorConfig
 from rayscale.cluster.local import LocalCluster
@@ -37,10 +41,6 @@ from rayscale.loadgen import LoadGenConfig, replay
 from rayscale.serve.weights import set_flavor_weights
 from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
 from rayscale.sim.trace import Trace
-from rayscale.testing.karpenter import Delays, KarpenterConfig, KarpenterStandIn
-from rayscale.testing.kubeapi import KubeAPIServer, WatchEvent
-from rayscale.testing.kuberay import KubeRayStandIn
-from rayscale.testing.raypods import RayPodKubelet
 from tests.e2e.conftest import APP, MODEL, local_catalog, wait_for
 from tests.e2e.test_controller import Background, _load
 from tests.k8s.kubeworld import NS, RC, install_manifests

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from rayscale_testing.kubeapi import KubeAPIServer
 
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog
-from rayscale.testing.kubeapi import KubeAPIServer
 
 
 @dataclass

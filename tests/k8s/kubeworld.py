@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from rayscale_testing.karpenter import Delays, KarpenterConfig, KarpenterStandIn
+from rayscale_testing.kubeapi import KubeAPIServer
+from rayscale_testing.kuberay import KubeRayStandIn
+from rayscale_testing.scheduler import ManualClock
 
 from rayscale.cluster.kube import KubeActuator, KubeActuatorConfig, RetryPolicy
 from rayscale.cluster.render import RenderSettings, render
 from rayscale.core.act import Gang
 from rayscale.core.catalog import Catalog
-from rayscale.testing.karpenter import Delays, KarpenterConfig, KarpenterStandIn
-from rayscale.testing.kubeapi import KubeAPIServer
-from rayscale.testing.kuberay import KubeRayStandIn
-from rayscale.testing.scheduler import ManualClock
 
 NS = "rayscale"
 RC = "rayscale"
@@ -112,7 +112,9 @@ def install_manifests(api: KubeAPIServer, catalog: Catalog, *, nodepools: bool =
 
 
 def make_world(api: KubeAPIServer, catalog: Catalog, delays: Delays | None = None) -> World:
-    install_manifests(api, catalog, nodepools=False)
+    """The rendered NodePools are applied: the actuator reads them (ownerReference, limits) and the
+    Karpenter stand-in consolidates empty nodes by their disruption settings."""
+    install_manifests(api, catalog)
     clock = ManualClock()
     k = KarpenterStandIn(api.store, KarpenterConfig(delays=delays or Delays(launch=5, register=5, initialize=5)),
                          clock=clock)

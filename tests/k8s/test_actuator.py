@@ -6,12 +6,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import yaml
+from rayscale_testing.kubeapi import KubeAPIServer
 
 from rayscale.cluster.kube import KubeError
 from rayscale.cluster.render import CLUSTER_RULES, NAMESPACE_RULES
 from rayscale.core.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
 from rayscale.core.catalog import Catalog
-from rayscale.testing.kubeapi import KubeAPIServer
 
 from .kubeworld import NS, RC, World, make_world, rendered
 
@@ -74,6 +74,11 @@ def test_gang_up_is_whole_and_workers_come_only_after_every_member_is_initialize
         assert lb["rayscale.io/model"] == "qwen2-72b" and lb["rayscale.io/flavor"] == "a10g"
         assert lb["karpenter.sh/nodepool"] == "a10g"
         assert c["spec"]["expireAfter"] == "Never"
+        # protected from emptiness consolidation from creation on; owned by its NodePool
+        assert c["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+        pool = w.api.store.get("nodepools", "a10g")
+        assert [(r["kind"], r["name"], r["uid"]) for r in c["metadata"]["ownerReferences"]] == [
+            ("NodePool", "a10g", pool["metadata"]["uid"])]
         assert c["spec"]["nodeClassRef"] == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "gpu"}
         reqs = {r["key"]: r["values"] for r in c["spec"]["requirements"]}
         assert reqs == {"node.kubernetes.io/instance-type": ["g5.12xlarge"],
@@ -109,6 +114,11 @@ def test_capacity_error_fails_the_gang_which_is_deleted_whole_and_decide_moves_z
     gangs = w.until(lambda gs: any(g.phase == GangPhase.FAILED for g in gs), what="gang failed")
     (failed,) = gangs
     assert failed.name == first.name and "InsufficientCapacityError" in failed.reason, failed.reason
+    # what Karpenter did (launch.go): an Event and a delete, never Launched=False
+    assert {c for c, why in w.karpenter.deleted if why == "insufficient_capacity"} == {
+        f"{first.name}-0", f"{first.name}-1"}
+    assert all(c["status"] != "False" for cl in w.claims(first.name)
+               for c in (cl.get("status") or {}).get("conditions") or () if c["type"] == "Launched")
     actions = act(w, {BIG: 1}, gangs, unavailable)
     kinds = [type(a).__name__ for a in actions]
     assert kinds == ["DeleteGang", "BackOff", "CreateGang"], actions
@@ -168,18 +178,99 @@ def test_scale_down_names_exactly_the_gangs_pods_and_deletes_claims_only_after_t
     assert w.group(GROUP)["replicas"] == 2
 
 
-def test_do_not_disrupt_follows_serving(world: World) -> None:
+def conds(w: World, claim: str) -> dict[str, str]:
+    c = w.api.store.get("nodeclaims", claim)
+    return {x["type"]: x["status"] for x in (c.get("status") or {}).get("conditions") or ()}
+
+
+def test_an_assembling_gang_survives_emptiness_consolidation(world: World) -> None:
+    """A member initialized while its sibling is still coming up has no pod for longer than the pool's
+    consolidateAfter (10 min rendered): do-not-disrupt from creation keeps it; the gang comes up whole."""
+    w = world
+    (create,) = act(w, {BIG: 1}, [])
+    slow = f"{create.name}-1"
+    for _ in range(10):  # hold the sibling once registered: no liveness deadline applies any more
+        w.tick()
+        if conds(w, slow).get("Registered") == "True":
+            break
+    w.karpenter.config.held.add(slow)
+    # a claim of the same pool without the annotation, to show the pool does consolidate empty nodes
+    bare = w.act.nodeclaim(create, 0, w.clock.now(), w.api.store.get("nodepools", "a10g")) if w.act else {}
+    bare["metadata"].update(name="bare", annotations={}, labels={"karpenter.sh/nodepool": "a10g"})
+    w.api.store.create("nodeclaims", bare)
+    for _ in range(140):  # 700 s: past consolidateAfter, within the gang's own 900 s init timeout
+        (g,) = w.tick()
+        assert g.phase == GangPhase.PENDING, g.reason
+    first = w.api.store.get("nodeclaims", f"{create.name}-0")
+    assert conds(w, first["metadata"]["name"])["Initialized"] == "True"
+    node = w.api.store.get("nodes", first["status"]["nodeName"])
+    assert node["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert w.api.store.list("pods", field_selector=f"spec.nodeName={node['metadata']['name']}")[0] == []
+    assert w.karpenter.disruptions == [("bare", "Empty")]  # only the unprotected one went
+    w.karpenter.config.held.clear()
+    (g,) = w.until(ready(create.name), what="gang ready")
+    assert created_claims(w) == 2
+
+
+def test_do_not_disrupt_stays_until_the_gang_is_released(world: World) -> None:
     w = world
     (g,) = up(w)
     assert w.act is not None
-    w.act.sync_serving([Gang(**{**g.__dict__, "serving": 1})])
     claim = w.claims(g.name)[0]["metadata"]["name"]
-    assert w.api.store.get("nodes", g.node_ids[0])["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    node = g.node_ids[0]
+    w.api.store.patch("nodes", node, {"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": None}}})
+    w.act.sync_serving([Gang(**{**g.__dict__, "serving": 0})])  # drained: still protected
+    w.tick()  # and a pass puts back what someone removed
+    assert w.api.store.get("nodes", node)["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
     assert not w.karpenter.disrupt(claim)
-    w.act.mark_serving(g.name, False)  # drained
-    assert "karpenter.sh/do-not-disrupt" not in (w.api.store.get("nodes", g.node_ids[0])["metadata"]
-                                                 .get("annotations") or {})
-    assert w.karpenter.disrupt(claim)
+    w.act.delete_gang(g.name)
+    w.act.gangs(w.clock.now())  # released: Karpenter may now terminate it
+    assert "karpenter.sh/do-not-disrupt" not in (w.api.store.get("nodes", node)["metadata"].get("annotations") or {})
+    assert all("karpenter.sh/do-not-disrupt" not in (c["metadata"].get("annotations") or {})
+               for c in w.claims(g.name))
+
+
+def test_liveness_deletion_fails_the_gang_and_decide_replaces_it(world: World) -> None:
+    """lifecycle/liveness.go: a member not launched in 5 min is deleted, with no Event."""
+    w = world
+    unavailable: dict[tuple[str, str, str], float] = {}
+    (create,) = act(w, {BIG: 1}, [], unavailable)
+    w.tick()
+    w.karpenter.config.held.add(f"{create.name}-1")  # the cloud never answers for this member
+    gangs = w.until(lambda gs: gs[0].phase == GangPhase.FAILED, ticks=70, what="gang failed")
+    assert (f"{create.name}-1", "launch_timeout") in w.karpenter.deleted
+    assert "no Event" in gangs[0].reason and f"{create.name}-1" in gangs[0].reason, gangs[0].reason
+    assert w.clock.now() >= 300
+    kinds = [type(a).__name__ for a in act(w, {BIG: 1}, gangs, unavailable)]
+    assert kinds == ["DeleteGang", "BackOff", "CreateGang"]
+
+
+def test_deleting_the_nodepool_takes_the_gangs_claims_which_fails_the_gang(world: World) -> None:
+    """The claims' ownerReferences to their NodePool: Kubernetes' garbage collector deletes them."""
+    w = world
+    (g,) = up(w)
+    w.api.store.delete("nodepools", "a10g")
+    gangs = w.until(lambda gs: gs[0].phase == GangPhase.FAILED, what="gang failed")
+    assert "deleted by Karpenter" in gangs[0].reason
+    w.tick()
+    assert w.claims(g.name) == [] and w.api.store.list("nodes")[0] == []
+
+
+def test_nodepool_limits_are_enforced_for_rayscales_own_claims(world: World) -> None:
+    """Karpenter checks limits only for claims it creates (provisioner.go): the actuator checks its own."""
+    w = world
+    pool = w.api.store.get("nodepools", "a10g")
+    pool["spec"]["limits"] = {"nvidia.com/gpu": "12"}  # one gang of two g5.12xlarge (8 GPUs), not two
+    w.api.store.update("nodepools", pool)
+    a, b = act(w, {BIG: 2}, [])
+    assert isinstance(a, CreateGang) and isinstance(b, CreateGang)
+    gangs = w.until(lambda gs: len(gs) == 2 and {g.phase for g in gs} == {GangPhase.READY, GangPhase.FAILED},
+                    what="one ready, one refused")
+    (refused,) = [g for g in gangs if g.phase == GangPhase.FAILED]
+    assert refused.name == b.name and "NodePool a10g limits: nvidia.com/gpu 8+8 > 12" in refused.reason
+    assert w.claims(b.name) == [] and created_claims(w) == 2
+    act(w, {BIG: 2}, gangs)  # decide deletes the refused gang and tries elsewhere: refused again
+    assert created_claims(w) == 2
 
 
 def test_kill_and_restart_at_every_step_leaves_no_duplicate_and_no_orphan(world: World) -> None:
@@ -239,10 +330,13 @@ def test_conflicts_throttling_and_outages_converge_without_double_create(world: 
 
 def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world: World) -> None:
     w = world
-    (g,) = up(w)
+    w.karpenter.set_capacity_error("g5.12xlarge", zone="us-east-1a")  # a failure: its reason is read
+    unavailable: dict[tuple[str, str, str], float] = {}
+    act(w, {BIG: 1}, [], unavailable)
+    gangs = w.until(lambda gs: any(g.phase == GangPhase.FAILED for g in gs), what="gang failed")
+    act(w, {BIG: 1}, gangs, unavailable)
+    (g,) = w.until(lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY, what="replacement ready")
     assert w.act is not None
-    w.act.mark_serving(g.name, True)
-    w.act.mark_serving(g.name, False)
     w.act.delete_gang(g.name)
     w.until(lambda gs: w.claims() == [], what="released")
     # `--rayservice`: the actuator reads the RayService to find the cluster it drives.

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
-
-from rayscale.testing.kubeapi import KubeAPIServer, LabelSelector
+from rayscale_testing.kubeapi import KubeAPIServer, LabelSelector
 
 from .conftest import Clients
 from .manifests import nodeclaim, raycluster

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from rayscale_testing.karpenter import KarpenterStandIn
+from rayscale_testing.kubeapi import KubeAPIServer, Store
+from rayscale_testing.kuberay import KubeRayStandIn
+from rayscale_testing.raypods import FINALIZER, RayPodKubelet, ray_start_params
+from rayscale_testing.scheduler import wait_for
 
 from rayscale.cluster.local import LocalFlavor
-from rayscale.testing.karpenter import KarpenterStandIn
-from rayscale.testing.kubeapi import KubeAPIServer, Store
-from rayscale.testing.kuberay import KubeRayStandIn
-from rayscale.testing.raypods import FINALIZER, RayPodKubelet, ray_start_params
-from rayscale.testing.scheduler import wait_for
 
 from .manifests import nodeclaim, raycluster
 

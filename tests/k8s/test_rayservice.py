@@ -8,19 +8,21 @@ controller does (see rayservice_controller.go), and the KubeRay stand-in runs ea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from rayscale_testing.kubeapi import KubeAPIServer
+from rayscale_testing.rayservice import RayServiceStandIn, RecordedServe
 
 from rayscale.cluster.kube import KubeError
-from rayscale.core.act import GangPhase
+from rayscale.core.act import Gang, GangPhase
 from rayscale.core.catalog import Catalog
-from rayscale.testing.kubeapi import KubeAPIServer
 
-from .kubeworld import NS, RC, World, make_world, rendered, rendered_raycluster
-from .test_actuator import GROUP, up
+from .kubeworld import NS, World, make_world, rendered, rendered_raycluster
+from .test_actuator import BIG, GROUP, act, up
 
 RS = "llm"
 
@@ -68,35 +70,151 @@ def workers(w: World, cluster: str) -> list[dict[str, Any]]:
     return w.api.store.list("pods", NS, f"ray.io/cluster={cluster},ray.io/node-type=worker")[0]
 
 
-def test_follows_the_active_cluster_through_an_upgrade(world: World) -> None:
-    w = world
-    add_cluster(w, "llm-x7k2p")
-    set_status(w, active="llm-x7k2p")
-    (g,) = up(w)
-    assert group(w, "llm-x7k2p")["replicas"] == 2
-    assert group(w, RC)["replicas"] == 0 and workers(w, RC) == []  # not the RayService's cluster
-    ips = {f"ip:{p['status']['podIP']}" for p in workers(w, "llm-x7k2p")}
-    assert ips and ips <= set(g.node_ids)
+def head_nodes(w: World, n: int = 2) -> None:
+    """Nodes of the rendered ray-head pool for the head pods (Karpenter would launch them for the pods):
+    three heads during an upgrade (the plain RayCluster's, the active and the pending cluster's)."""
+    for i in range(n):
+        head_node(w, f"head-{i}")
 
-    # An upgrade starts: KubeRay creates the pending cluster; the active one is still the one to drive.
-    add_cluster(w, "llm-b5q9z")
-    set_status(w, active="llm-x7k2p", pending="llm-b5q9z")
+
+def head_node(w: World, name: str) -> None:
+    w.api.store.create("nodeclaims", {
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": name, "labels": {"karpenter.sh/nodepool": "ray-head"},
+                     "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+        "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "ray-head"},
+                 "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                   "values": ["m6i.2xlarge"]}],
+                 "taints": [{"key": "rayscale.io/ray-head", "effect": "NoSchedule"}]},
+    })
+
+
+@pytest.fixture
+def kuberay(world: World) -> RayServiceStandIn:
+    """KubeRay's RayService controller (the stand-in) over the world's RayService, with a head node."""
+    head_nodes(world)
+    return RayServiceStandIn(world.api.store, clock=world.clock)
+
+
+def tick(w: World, rsc: RayServiceStandIn) -> list[Gang]:
+    w.step()
+    rsc.step()
+    w.kuberay.step()
+    assert w.act is not None
+    return w.act.gangs(w.clock.now())
+
+
+def until(w: World, rsc: RayServiceStandIn, pred: Callable[[list[Gang]], bool], what: str,
+          ticks: int = 60) -> list[Gang]:
+    for _ in range(ticks):
+        try:
+            gangs = tick(w, rsc)
+        except KubeError:
+            continue  # no cluster named yet: the controller skips the period
+        if pred(gangs):
+            return gangs
+    raise AssertionError(f"not reached: {what}")
+
+
+def active(w: World) -> str:
+    status = w.api.store.get("rayservices", RS, NS).get("status") or {}
+    return str((status.get("activeServiceStatus") or {}).get("rayClusterName") or "")
+
+
+def pending(w: World) -> str:
+    status = w.api.store.get("rayservices", RS, NS).get("status") or {}
+    return str((status.get("pendingServiceStatus") or {}).get("rayClusterName") or "")
+
+
+def edit_rayservice(w: World, fn: Callable[[dict[str, Any]], None]) -> None:
+    rs = w.api.store.get("rayservices", RS, NS)
+    fn(rs["spec"])
+    w.api.store.update("rayservices", rs)
+
+
+def deploy(w: World, rsc: RayServiceStandIn) -> tuple[str, Gang]:
+    """First deploy through KubeRay's paths, then one gang of the big model on the active cluster."""
+    until(w, rsc, lambda gs: active(w) != "", what="first cluster promoted")
+    first = active(w)
+    assert first.startswith(f"{RS}-") and rsc.created == [first]
+    gangs: list[Gang] = []
+    act(w, {BIG: 1}, gangs)
+    (g,) = until(w, rsc, lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY, what="gang ready")
+    assert group(w, first)["replicas"] == 2 and len(workers(w, first)) == 2
+    return first, g
+
+
+def test_a_rayclusterconfig_change_starts_a_pending_cluster_and_kuberay_cuts_over(
+    world: World, kuberay: RayServiceStandIn
+) -> None:
+    """rayservice_controller.go shouldPrepareNewCluster / reconcilePromotionAndServingStatus: a spec change
+    that is not an appended worker group makes a new cluster at its manifest replicas; KubeRay promotes
+    it once its Serve apps run, whatever workers it has; the old one goes after the deletion delay."""
+    w, rsc = world, kuberay
+    first, g = deploy(w, rsc)
+    edit_rayservice(w, lambda spec: spec["rayClusterConfig"]["headGroupSpec"]["rayStartParams"].update(
+        {"num-cpus": "1"}))
+    (g,) = until(w, rsc, lambda gs: pending(w) != "" and w.api.store.try_get("rayclusters", pending(w), NS) is not None,
+                 what="pending cluster")
+    second = pending(w)
+    assert second != first and g.phase == GangPhase.READY  # rayscale keeps driving the active cluster
+    assert group(w, second)["replicas"] == 0  # the manifest's replicas: rayscale never gave it gangs
+    until(w, rsc, lambda gs: active(w) == second, what="cut over")
+    assert w.api.store.try_get("rayclusters", first, NS) is not None  # deleted only after 60 s
+    # The actuator follows the new active cluster: the gang's workers come up there again.
+    (g,) = until(w, rsc, lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY and workers(w, second) != [],
+                 what="gang ready on the new cluster")
+    until(w, rsc, lambda gs: w.api.store.try_get("rayclusters", first, NS) is None, what="old cluster deleted")
+    assert group(w, second)["replicas"] == 2
+    assert isinstance(rsc.serve, RecordedServe)
+    assert [c for c, _ in rsc.serve.submissions] == [first, second]
+
+
+def test_appending_a_worker_group_rebuilds_the_active_cluster_from_the_manifest(
+    world: World, kuberay: RayServiceStandIn
+) -> None:
+    """shouldUpdateCluster + modifyRayCluster: appended worker groups update the active cluster in place,
+    every group back to its manifest replicas and workersToDelete cleared; KubeRay then deletes the
+    surplus pods (no in-tree autoscaling), and rayscale raises the replicas again."""
+    w, rsc = world, kuberay
+    first, _ = deploy(w, rsc)
+    before = {p["metadata"]["name"] for p in workers(w, first)}
+
+    def append(spec: dict[str, Any]) -> None:
+        extra = copy.deepcopy(spec["rayClusterConfig"]["workerGroupSpecs"][-1])
+        extra["groupName"] = "extra"
+        spec["rayClusterConfig"]["workerGroupSpecs"].append(extra)
+
+    edit_rayservice(w, append)
+    w.step()
+    rsc.step()
+    assert rsc.updated_in_place == [first] and rsc.created == [first] and pending(w) == ""
+    assert group(w, first)["replicas"] == 0  # back to the manifest
+    w.kuberay.step()
+    assert workers(w, first) == []  # KubeRay deleted the gang's worker pods
+    until(w, rsc, lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY, what="ready again")
+    assert group(w, first)["replicas"] == 2 and {p["metadata"]["name"] for p in workers(w, first)} != before
+
+
+def test_kuberay_resubmits_serve_config_after_a_restart_and_on_a_change(
+    world: World, kuberay: RayServiceStandIn
+) -> None:
+    """reconcileServe / checkIfNeedSubmitServeApplications: an empty cache (operator restart) or a changed
+    serveConfigV2 re-submits to the active cluster; neither makes a new cluster."""
+    w, rsc = world, kuberay
+    first, _ = deploy(w, rsc)
+    serve = rsc.serve
+    assert isinstance(serve, RecordedServe) and [c for c, _ in serve.submissions] == [first]
     for _ in range(3):
-        (g,) = w.tick()
-        assert g.phase == GangPhase.READY
-    assert group(w, "llm-b5q9z")["replicas"] == 0 and workers(w, "llm-b5q9z") == []
-
-    # Traffic moved: the pending cluster is the active one; KubeRay deletes the old cluster (its pods
-    # are garbage-collected with it). The actuator follows the new name and the gang serves there.
-    set_status(w, active="llm-b5q9z")
-    w.api.store.delete("rayclusters", "llm-x7k2p", NS)
-    (g,) = w.until(lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY and workers(w, "llm-b5q9z") != []
-                   and {f"ip:{p['status']['podIP']}" for p in workers(w, "llm-b5q9z")} <= set(gs[0].node_ids),
-                   what="the gang ready under the new cluster")
-    assert group(w, "llm-b5q9z")["replicas"] == 2
-    assert sorted(p["spec"]["nodeName"] for p in workers(w, "llm-b5q9z")) == sorted(
-        n for n in g.node_ids if not n.startswith("ip:"))
-    assert w.act is not None and w.act.last_errors == []
+        tick(w, rsc)
+    assert len(serve.submissions) == 1  # cached and unchanged: nothing sent
+    restarted = RayServiceStandIn(w.api.store, serve, clock=w.clock)
+    tick(w, restarted)
+    assert [c for c, _ in serve.submissions] == [first, first]
+    edit_rayservice(w, lambda spec: spec.update(serveConfigV2=spec["serveConfigV2"] + "\n# changed\n"))
+    tick(w, restarted)
+    assert len(serve.submissions) == 3 and serve.submissions[-1][1].endswith("# changed\n")
+    assert restarted.created == [] and active(w) == first and pending(w) == ""
 
 
 def test_first_deploy_uses_the_pending_cluster(world: World) -> None:

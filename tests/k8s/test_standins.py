@@ -7,18 +7,20 @@ from typing import Any
 
 import pytest
 from kubernetes import watch
-
-from rayscale.testing.karpenter import (
+from rayscale_testing.karpenter import (
     CapacityError,
     Delays,
     KarpenterConfig,
     KarpenterStandIn,
 )
-from rayscale.testing.kubeapi import KubeAPIServer, Store
-from rayscale.testing.kuberay import KubeRayStandIn, desired_workers
-from rayscale.testing.scheduler import ManualClock, wait_for
+from rayscale_testing.kubeapi import KubeAPIServer, Store
+from rayscale_testing.kuberay import KubeRayStandIn, desired_workers
+from rayscale_testing.scheduler import ManualClock, wait_for
+
+from rayscale.core.catalog import Catalog
 
 from .conftest import Clients
+from .kubeworld import rendered
 from .manifests import nodeclaim, raycluster
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -114,28 +116,188 @@ def test_conditions_progress_in_order_as_seen_by_a_watch(
     assert order == ["Launched", "Registered", "Initialized", "Ready"]
 
 
-def test_capacity_error_marks_launch_failed_then_deletes_the_claim(store: Store) -> None:
-    clock = ManualClock()
-    k = KarpenterStandIn(
-        store,
-        KarpenterConfig(
-            capacity_errors={CapacityError("g5.xlarge", "us-east-1a")}, delete_after_capacity_error=5
-        ),
-        clock=clock,
-    )
+def claim_events(store: Store, name: str) -> list[dict[str, Any]]:
+    """Events on a NodeClaim: cluster-scoped, so client-go's recorder writes them to ``default``."""
+    return store.list("events", "default", field_selector=f"involvedObject.kind=NodeClaim,involvedObject.name={name}")[0]
+
+
+def test_capacity_error_is_an_event_and_the_claim_is_deleted_never_launched_false(store: Store) -> None:
+    """launch.go launchNodeClaim: InsufficientCapacityError Event, then delete; Launched stays Unknown."""
+    k = KarpenterStandIn(store, KarpenterConfig(capacity_errors={CapacityError("g5.xlarge", "us-east-1a")}))
     store.create("nodeclaims", nodeclaim("ice", zones=("us-east-1a",)))
-    k.step()
-    k.step()
-    claim = store.get("nodeclaims", "ice")
-    launched = next(c for c in claim["status"]["conditions"] if c["type"] == "Launched")
-    assert (launched["status"], launched["reason"]) == ("False", "InsufficientCapacityError")
-    assert "g5.xlarge/us-east-1a/on-demand" in launched["message"]
-    clock.advance(5)
-    k.step()  # delete: deletionTimestamp set, finalizer still ours
+    k.step()  # conditions Unknown
+    seen: list[str | None] = []
+    store.add_listener(lambda ev: seen.append(
+        next((c["status"] for c in (ev.obj.get("status") or {}).get("conditions") or () if c["type"] == "Launched"),
+             None) if ev.type_key == "nodeclaims" else "other"))
+    k.step()  # launch fails: Event, delete (deletionTimestamp, our finalizer)
     k.step()  # terminate: finalizer removed
-    assert store.try_get("nodeclaims", "ice") is None
-    assert store.list("nodes")[0] == []
-    assert k.capacity_failures == ["ice"]
+    assert store.try_get("nodeclaims", "ice") is None and store.list("nodes")[0] == []
+    assert "False" not in seen  # upstream never writes Launched=False
+    (ev,) = claim_events(store, "ice")
+    assert (ev["reason"], ev["type"]) == ("InsufficientCapacityError", "Warning")
+    assert "g5.xlarge/us-east-1a/on-demand" in ev["message"]
+    assert k.capacity_failures == ["ice"] and k.deleted == [("ice", "insufficient_capacity")]
+
+
+def test_liveness_deletes_a_claim_not_launched_in_5_min_or_not_registered_in_15(store: Store) -> None:
+    """lifecycle/liveness.go: LaunchTimeout 5 min, registrationTimeout 15 min, no Event."""
+    clock = ManualClock()
+    k = KarpenterStandIn(store, KarpenterConfig(delays=Delays(launch=10, register=10, initialize=10)), clock=clock)
+    for name in ("unlaunched", "unregistered", "fine"):
+        store.create("nodeclaims", nodeclaim(name))
+    k.step()
+    k.config.held.add("unlaunched")  # the cloud never answers for this one
+    clock.advance(10)
+    k.step()  # the other two launch
+    k.config.held.add("unregistered")  # its instance never joins
+    for _ in range(4):
+        clock.advance(10)
+        k.step()
+    assert conditions(store, "fine")["Initialized"] == "True"
+    clock.advance(300 - 50 - 0.1)
+    k.step()
+    assert store.try_get("nodeclaims", "unlaunched") is not None
+    clock.advance(0.1)
+    k.step()
+    k.step()
+    assert store.try_get("nodeclaims", "unlaunched") is None
+    assert store.try_get("nodeclaims", "unregistered") is not None  # launched: 15 min apply
+    clock.advance(600)
+    k.step()
+    k.step()
+    assert store.try_get("nodeclaims", "unregistered") is None
+    assert store.try_get("nodeclaims", "fine") is not None  # registered claims have no deadline
+    assert k.deleted == [("unlaunched", "launch_timeout"), ("unregistered", "registration_timeout")]
+    assert claim_events(store, "unlaunched") == [] and claim_events(store, "unregistered") == []
+
+
+def test_expiry_is_forceful_and_ignores_do_not_disrupt(store: Store) -> None:
+    """expiration/controller.go: deleted expireAfter after creation, do-not-disrupt notwithstanding."""
+    clock = ManualClock()
+    k = KarpenterStandIn(store, clock=clock)
+    claim = nodeclaim("old")
+    claim["spec"]["expireAfter"] = "1h"
+    claim["metadata"]["annotations"] = {"karpenter.sh/do-not-disrupt": "true"}
+    store.create("nodeclaims", claim)
+    store.create("nodeclaims", nodeclaim("never"))  # expireAfter: Never
+    for _ in range(4):
+        k.step()
+    clock.advance(3599)
+    k.step()
+    assert store.try_get("nodeclaims", "old") is not None
+    clock.advance(1)
+    k.step()
+    k.step()
+    assert store.try_get("nodeclaims", "old") is None and store.try_get("nodeclaims", "never") is not None
+    assert k.deleted == [("old", "expired")]
+
+
+def pool_claim(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    c = nodeclaim(name, taints=[GPU_TAINT], labels={"karpenter.sh/nodepool": "a10g"})
+    if annotations:
+        c["metadata"]["annotations"] = annotations
+    return c
+
+
+@pytest.fixture
+def a10g_pool(store: Store, catalog: Catalog) -> dict[str, Any]:
+    """The rendered a10g NodePool: WhenEmpty, consolidateAfter 10m, one Empty node at a time."""
+    (pool,) = rendered(catalog, "nodepools/a10g.yaml")
+    return store.create("nodepools", pool)
+
+
+def test_an_empty_node_is_consolidated_consolidate_after_it_emptied_unless_do_not_disrupt(
+    store: Store, a10g_pool: dict[str, Any]
+) -> None:
+    """consolidation.go / emptiness.go / statenode.go, with the rendered pool (consolidateAfter 10m)."""
+    assert a10g_pool["spec"]["disruption"]["consolidateAfter"] == "10m"
+    clock = ManualClock()
+    k = KarpenterStandIn(store, clock=clock)
+    store.create("nodeclaims", pool_claim("empty"))
+    store.create("nodeclaims", pool_claim("pinned", {"karpenter.sh/do-not-disrupt": "true"}))
+    store.create("nodeclaims", pool_claim("busy"))
+    store.create("nodeclaims", nodeclaim("no-pool"))  # no karpenter.sh/nodepool label: never a candidate
+    for _ in range(4):
+        k.step()
+    busy_node = store.get("nodeclaims", "busy")["status"]["nodeName"]
+    pod = {"metadata": {"name": "p", "namespace": "default"}, "spec": {"nodeName": busy_node, "containers": []}}
+    store.create("pods", pod)
+    # the claim's annotation reached the Node at registration, where Karpenter reads it from then on
+    pinned_node = store.get("nodeclaims", "pinned")["status"]["nodeName"]
+    assert store.get("nodes", pinned_node)["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    clock.advance(599)
+    k.step()
+    assert k.disruptions == []
+    clock.advance(1)
+    k.step()
+    k.step()
+    assert k.disruptions == [("empty", "Empty")] and store.try_get("nodeclaims", "empty") is None
+    # a node emptied later waits its own consolidateAfter from the moment its last pod left
+    store.delete("pods", "p", "default")
+    clock.advance(599)
+    k.step()
+    assert store.try_get("nodeclaims", "busy") is not None
+    clock.advance(1)
+    k.step()
+    k.step()
+    assert store.try_get("nodeclaims", "busy") is None
+    assert {c["metadata"]["name"] for c in store.list("nodeclaims")[0]} == {"pinned", "no-pool"}
+
+
+def test_empty_consolidation_respects_the_pools_empty_budget(store: Store, a10g_pool: dict[str, Any]) -> None:
+    """helpers.go BuildDisruptionBudgetMapping: the rendered pool allows one Empty node at a time."""
+    clock = ManualClock()
+    k = KarpenterStandIn(store, KarpenterConfig(termination_delay=30), clock=clock)
+    for i in range(3):
+        store.create("nodeclaims", pool_claim(f"e-{i}"))
+    for _ in range(4):
+        k.step()
+    clock.advance(600)
+    k.step()
+    k.step()  # the first one starts terminating
+    clock.advance(29)
+    k.step()
+    assert len(k.disruptions) == 1  # the other two wait while the first one terminates
+    clock.advance(1)
+    k.step()  # terminated: the budget frees up
+    k.step()
+    assert len(k.disruptions) == 2
+
+
+def test_deleting_a_nodepool_cascades_to_owned_claims_only(store: Store, a10g_pool: dict[str, Any]) -> None:
+    """Kubernetes' garbage collector follows ownerReferences (Karpenter sets them on its own claims,
+    nodeclaimtemplate.go); a claim that only carries the nodepool label escapes the cascade."""
+    k = KarpenterStandIn(store)
+    owned = pool_claim("owned")
+    owned["metadata"]["ownerReferences"] = [{
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "name": "a10g",
+        "uid": a10g_pool["metadata"]["uid"], "blockOwnerDeletion": True,
+    }]
+    store.create("nodeclaims", owned)
+    store.create("nodeclaims", pool_claim("orphan"))
+    for _ in range(4):
+        k.step()
+    owned_node = store.get("nodeclaims", "owned")["status"]["nodeName"]
+    store.delete("nodepools", "a10g")
+    k.step()
+    k.step()
+    assert store.try_get("nodeclaims", "owned") is None and store.try_get("nodes", owned_node) is None
+    assert store.try_get("nodeclaims", "orphan") is not None
+
+
+def test_pool_limits_do_not_stop_a_claim_karpenter_did_not_create(store: Store, a10g_pool: dict[str, Any]) -> None:
+    """provisioner.go Create checks limits for Karpenter's own claims only; a third-party claim over
+    the pool's limit still launches."""
+    pool = store.get("nodepools", "a10g")
+    pool["spec"]["limits"] = {"nvidia.com/gpu": "1"}
+    store.update("nodepools", pool)
+    k = KarpenterStandIn(store)
+    store.create("nodeclaims", pool_claim("a"))
+    store.create("nodeclaims", pool_claim("b"))
+    for _ in range(4):
+        k.step()
+    assert conditions(store, "a")["Initialized"] == "True" and conditions(store, "b")["Initialized"] == "True"
 
 
 def test_capacity_errors_are_per_instance_type_and_zone(store: Store) -> None:

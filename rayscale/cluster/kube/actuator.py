@@ -16,14 +16,35 @@ call with bounded retries. What a restarted controller needs is in the cluster:
 Up: ``create_gang`` creates every NodeClaim of the gang (one zone, instance type and capacity type
 from the flavor, ``expireAfter: Never``). Once every member is Initialized the Nodes are labelled and the
 worker group's replicas raised; the gang is READY when a worker pod of its group runs on each of its
-Nodes (``node_ids`` = Node names). A member that failed to launch, was deleted or is not Initialized in
-time makes the gang FAILED with the reason; the controller deletes it whole and backs off the zone.
+Nodes (``node_ids`` = Node names). A member that Karpenter deleted (or is deleting), or one not
+Initialized in time, makes the gang FAILED with the reason; the controller deletes it whole and backs
+off the zone.
 
-Down: ``delete_gang`` (after Serve drained it) marks the claims; then the Nodes lose the admission label
-and ``do-not-disrupt``; the worker group's replicas are lowered and ``scaleStrategy.workersToDelete``
-names exactly the pods on the gang's Nodes, in one write (never while an earlier list is pending, as
-KubeRay asks); once those pods are gone the list is cleared, and only then the NodeClaims are deleted
-(Karpenter's finalizer drains and terminates the instances).
+Karpenter, as its source says it behaves (kubernetes-sigs/karpenter), and what this actuator does:
+
+- Insufficient capacity is an ``InsufficientCapacityError`` Event on the claim, then the claim is
+  deleted (``pkg/controllers/nodeclaim/lifecycle/launch.go``); ``Launched=False`` never happens. The
+  reason of a deleted member is read from the claim's Events (namespace ``default``: the recorder's
+  namespace for cluster-scoped objects). Liveness deletions (``lifecycle/liveness.go``: not launched in
+  5 min, not registered in 15) publish no Event; the reason then says so.
+- Emptiness consolidation (``pkg/controllers/disruption/emptiness.go``) deletes an Initialized node
+  with no pods ``consolidateAfter`` after it emptied. A gang member waits for its siblings with no pod
+  for up to ``init_timeout_factor`` x node start, so every claim carries ``karpenter.sh/do-not-disrupt``
+  from creation until the gang is released (Karpenter copies it to the Node at registration,
+  ``lifecycle/registration.go``; each pass puts it back where it is missing). Expiry and interruption
+  ignore it, as upstream does.
+- NodePool ``limits`` are enforced by Karpenter only for the claims it creates itself
+  (``pkg/controllers/provisioning/provisioner.go`` ``Create``), so ``create_gang`` checks them for its
+  own: a gang that would take the pool past a limit is not created and is reported FAILED.
+- Each claim has an ownerReference to its NodePool (as ``provisioning/scheduling/nodeclaimtemplate.go``
+  sets on Karpenter's own), so deleting the pool takes its claims and NodePool health counts them
+  (``lifecycle/liveness.go`` ``updateNodePoolRegistrationHealth``).
+
+Down: ``delete_gang`` (after Serve drained it) marks the claims; then the claims and Nodes lose
+``do-not-disrupt`` and the Nodes the admission label; the worker group's replicas are lowered and
+``scaleStrategy.workersToDelete`` names exactly the pods on the gang's Nodes, in one write (never while
+an earlier list is pending, as KubeRay asks); once those pods are gone the list is cleared, and only
+then the NodeClaims are deleted (Karpenter's finalizer drains and terminates the instances).
 
 RayService: KubeRay names the RayCluster of a RayService itself (``<rayservice>-<suffix>``) and makes a
 new one on every cluster upgrade. With ``rayservice`` set, each pass reads the RayService and drives
@@ -41,8 +62,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from rayscale.extras import missing_extra
+
+try:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+except ImportError as e:
+    raise missing_extra("kube", "the Kubernetes actuator") from e
 
 from rayscale.cluster.actuator import (
     LABEL_CAPACITY,
@@ -56,6 +82,7 @@ from rayscale.cluster.actuator import (
     OWNER,
 )
 from rayscale.cluster.kube.client import KubeError, RetryPolicy, call
+from rayscale.cluster.kube.limits import exceeded, pool_usage, shape_of
 from rayscale.cluster.kube.naming import (
     ANN_COMPLETE,
     ANN_DELETING,
@@ -78,6 +105,7 @@ from rayscale.core.catalog import Catalog
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 KARPENTER = ("karpenter.sh", "v1", "nodeclaims")
+NODEPOOLS = ("karpenter.sh", "v1", "nodepools")
 RAY = ("ray.io", "v1")
 OWNED = f"{LABEL_OWNER}={OWNER}"
 
@@ -96,6 +124,9 @@ class KubeActuatorConfig:
     init_timeout_s: dict[str, float] = field(default_factory=dict)  # per flavor, overrides the factor
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     conflict_retries: int = 4
+    # Where Karpenter's Events on NodeClaims land: client-go's recorder puts Events about cluster-scoped
+    # objects in the default namespace.
+    events_namespace: str = "default"
 
 
 def _cond(obj: Obj, type_: str) -> Obj | None:
@@ -135,6 +166,7 @@ class _View:
     deleting: bool
     complete: bool
     reason: str = ""
+    refused: str = ""  # create_gang did not create it (a NodePool limit): FAILED with this reason
 
     @property
     def size(self) -> int:
@@ -165,7 +197,8 @@ class KubeActuator:
         # Memory that only improves reports; a restarted actuator works without it.
         self._created: dict[str, CreateGang] = {}  # gangs this process created, to see all members vanish
         self._created_s: dict[str, float] = {}
-        self._launch_errors: dict[str, str] = {}  # claim -> last Launched=False message seen
+        self._refused: dict[str, tuple[CreateGang, str]] = {}  # gang -> (action, why it was not created)
+        self._events: dict[str, str] | None = None  # claim -> Karpenter's last Event on it, read once a pass
         self.last_errors: list[str] = []
 
     # --- API helpers ---------------------------------------------------------------------------------
@@ -204,8 +237,9 @@ class KubeActuator:
                 raise
 
     # --- NodeClaims ----------------------------------------------------------------------------------
-    def nodeclaim(self, action: CreateGang, member: int, now: float) -> Obj:
-        """The NodeClaim for one member of a gang (also what render/tests validate)."""
+    def nodeclaim(self, action: CreateGang, member: int, now: float, pool: Obj | None = None) -> Obj:
+        """The NodeClaim for one member of a gang (also what render/tests validate); ``pool`` is its
+        NodePool as read from the cluster, for the ownerReference."""
         fl = self.catalog.flavors[action.flavor]
         labels = {
             LABEL_OWNER: OWNER, LABEL_GANG: action.name, LABEL_MODEL: action.model,
@@ -230,14 +264,46 @@ class KubeActuator:
         if fl.taints:
             spec["taints"] = [{"key": t.key, "effect": t.effect, **({"value": t.value} if t.value else {})}
                               for t in fl.taints]
-        return {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
-                "metadata": {"name": claim_name(action.name, member), "labels": labels}, "spec": spec}
+        meta: Obj = {"name": claim_name(action.name, member), "labels": labels,
+                     # A member waits for its siblings with no pod: without this, emptiness consolidation
+                     # (consolidateAfter) may take it. Removed only when the gang is released.
+                     "annotations": {ANN_DO_NOT_DISRUPT: "true"}}
+        if pool is not None:
+            # As Karpenter's own claims (nodeclaimtemplate.go): deleting the pool deletes the claim, and
+            # NodePool health counts it. Not a controller reference: Karpenter does not reconcile it.
+            meta["ownerReferences"] = [{"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                                        "name": pool["metadata"]["name"], "uid": pool["metadata"]["uid"],
+                                        "blockOwnerDeletion": True}]
+        return {"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": meta, "spec": spec}
 
-    def _create_members(self, action: CreateGang, created_s: float, members: list[int]) -> None:
+    def _nodepool(self, name: str) -> Obj | None:
+        try:
+            return self._raw(self.custom.get_cluster_custom_object, *NODEPOOLS, name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return None
+
+    def _limit_error(self, action: CreateGang, pool: Obj) -> str:
+        """Why creating this gang would take its NodePool past ``spec.limits`` ('' when it fits)."""
+        limits = (pool.get("spec") or {}).get("limits") or {}
+        if not limits:
+            return ""
+        name = pool["metadata"]["name"]
+        usage = pool_usage(self._list_claims(f"{LABEL_NODEPOOL}={name}"), self.catalog)
+        one = shape_of(self.catalog.flavors[action.flavor], action.instance_type)
+        over = exceeded(limits, usage, {k: v * action.nodes for k, v in one.items()})
+        return f"NodePool {name} limits: {'; '.join(over)}" if over else ""
+
+    def _create_members(self, action: CreateGang, created_s: float, members: list[int],
+                        pool: Obj | None) -> None:
+        if pool is None:
+            self.last_errors.append(f"NodePool {nodepool_name(self.catalog.flavors[action.flavor])} not "
+                                    f"found: gang {action.name}'s claims carry no ownerReference")
         for i in members:
             try:
                 self._call(self.custom.create_cluster_custom_object, *KARPENTER,
-                           self.nodeclaim(action, i, created_s))
+                           self.nodeclaim(action, i, created_s, pool))
             except ApiException as e:
                 if e.status != 409:  # AlreadyExists: created before (a retry or a restart)
                     raise
@@ -251,36 +317,25 @@ class KubeActuator:
             return  # an earlier gang of this name is still being released; decide() asks again later
         if existing:
             return  # exists (a restart, a repeated action): reconcile completes any missing member
+        pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
+        why = self._limit_error(action, pool) if pool is not None else ""
+        if why:
+            self._refused[action.name] = (action, why)  # reported FAILED until delete_gang
+            return
         self._created[action.name] = action
         self._created_s[action.name] = now
-        self._create_members(action, now, list(range(action.nodes)))
+        self._create_members(action, now, list(range(action.nodes)), pool)
 
     def delete_gang(self, name: str) -> None:
         self._created.pop(name, None)
+        self._refused.pop(name, None)
         for c in self._list_claims(f"{OWNED},{LABEL_GANG}={name}"):
             if ANN_DELETING not in _annotations(c):
                 self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DELETING: "true"}}})
 
-    def mark_serving(self, name: str, serving: bool) -> None:
-        """``karpenter.sh/do-not-disrupt`` on the gang's NodeClaims and Nodes while Serve replicas run there."""
-        want = "true" if serving else None
-        claims = self._list_claims(f"{OWNED},{LABEL_GANG}={name}")
-        nodes = {n["metadata"]["name"]: n for n in
-                 self._raw(self.core.list_node, label_selector=f"{OWNED},{LABEL_GANG}={name}")["items"]}
-        for c in claims:
-            if ANN_DELETING in _annotations(c) and serving:
-                continue  # never pin a gang being released
-            if _annotations(c).get(ANN_DO_NOT_DISRUPT) != want:
-                self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: want}}})
-        for n in nodes.values():
-            if _annotations(n).get(ANN_DO_NOT_DISRUPT) != want:
-                self._patch_node(n["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: want}}})
-
     def sync_serving(self, gangs: list[Gang]) -> None:
-        """Derive do-not-disrupt from ``Gang.serving`` (the controller's join with Serve)."""
-        for g in gangs:
-            if g.phase == GangPhase.READY:
-                self.mark_serving(g.name, g.serving > 0)
+        """Nothing to do: ``karpenter.sh/do-not-disrupt`` protects a gang from creation until it is
+        released, whether or not replicas run there (``gangs`` keeps it in place each pass)."""
 
     def close(self) -> None:
         pass
@@ -325,10 +380,14 @@ class KubeActuator:
         nodes = {n["metadata"]["name"]: n for n in self._raw(self.core.list_node, label_selector=OWNED)["items"]}
         pods = self._raw(self.core.list_namespaced_pod, cfg.namespace,
                          label_selector=f"ray.io/cluster={rc_name},ray.io/node-type=worker")["items"]
+        self._events = None
         views = self._views(claims, nodes)
         for name, action in list(self._created.items()):
             if name not in views:  # every member vanished: Karpenter deleted them (e.g. capacity error)
                 views[name] = _View(name, {}, {}, self._labels_of(action), action.instance_type, False, True)
+        for name, (action, why) in self._refused.items():
+            views[name] = _View(name, {}, {}, self._labels_of(action), action.instance_type, False, True,
+                                refused=why)
         for v in views.values():
             if v.deleting:
                 self._teardown_nodes(v)
@@ -374,10 +433,6 @@ class KubeActuator:
                 node = nodes.get((c.get("status") or {}).get("nodeName") or "")
                 if node is not None:
                     member_nodes[i] = node
-                launched = _cond(c, "Launched")
-                if launched and launched.get("status") == "False":
-                    self._launch_errors[c["metadata"]["name"]] = \
-                        f"{launched.get('reason', '')}: {launched.get('message', '')}".strip(": ")
             views[gang] = _View(
                 gang, members, member_nodes, _labels(first), itype,
                 deleting=any(ANN_DELETING in _annotations(c) for c in members.values()),
@@ -386,19 +441,18 @@ class KubeActuator:
         return views
 
     def _failure(self, v: _View, now: float) -> str:
+        if v.refused:
+            return v.refused
         missing = [i for i in range(v.size) if i not in v.claims]
-        for _i, c in sorted(v.claims.items()):
-            name = c["metadata"]["name"]
-            if c["metadata"].get("deletionTimestamp"):
-                return f"member {name} is being deleted by Karpenter {self._why(name)}".strip()
-            launched = _cond(c, "Launched")
-            if launched and launched.get("status") == "False":
-                return f"member {name} failed to launch: {self._why(name)}"
-        if missing and v.complete:
-            names = [claim_name(v.name, i) for i in missing]
-            whys = "; ".join(self._launch_errors[n] for n in names if n in self._launch_errors)
-            return (f"member(s) {', '.join(names)} deleted by Karpenter"
-                    + (f": {whys}" if whys else " (launch failure, interruption or timeout)"))
+        deleting = [c["metadata"]["name"] for _i, c in sorted(v.claims.items())
+                    if c["metadata"].get("deletionTimestamp")]
+        gone = [claim_name(v.name, i) for i in missing] if v.complete else []
+        if deleting or gone:
+            names = deleting + gone
+            whys = "; ".join(w for w in (self._why(n) for n in names) if w)
+            # Liveness, expiry, consolidation and interruption deletes publish no Event on the claim.
+            return (f"member(s) {', '.join(names)} deleted by Karpenter: "
+                    + (whys or "no Event (launch/registration timeout, expiry, disruption or interruption)"))
         flavor = v.labels.get(LABEL_FLAVOR_KEY, "")
         timeout = self.config.init_timeout_s.get(flavor)
         if timeout is None and flavor in self.catalog.flavors:
@@ -410,9 +464,33 @@ class KubeActuator:
         return ""
 
     def _why(self, claim: str) -> str:
-        return self._launch_errors.get(claim, "")
+        """Karpenter's latest Warning Event on ``claim`` ("reason: message"), read once a pass and only
+        when a member is gone (launch.go publishes InsufficientCapacityError before deleting it)."""
+        if self._events is None:
+            self._events = {}
+            try:
+                events = self._raw(self.core.list_namespaced_event, self.config.events_namespace,
+                                   field_selector="involvedObject.kind=NodeClaim")["items"]
+            except ApiException as e:  # the failure stands without its reason
+                self.last_errors.append(f"reading NodeClaim Events: {e.status} {e.reason}")
+                events = []
+            for ev in sorted(events, key=lambda ev: (ev.get("lastTimestamp") or "", ev["metadata"]["name"])):
+                if ev.get("type") == "Warning":
+                    name = (ev.get("involvedObject") or {}).get("name", "")
+                    self._events[name] = f"{ev.get('reason', '')}: {ev.get('message', '')}"
+        return self._events.get(claim, "")
+
+    def _protect(self, v: _View) -> None:
+        """Keep ``karpenter.sh/do-not-disrupt`` on every claim and registered Node of a live gang."""
+        for c in v.claims.values():
+            if _annotations(c).get(ANN_DO_NOT_DISRUPT) != "true" and not c["metadata"].get("deletionTimestamp"):
+                self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: "true"}}})
+        for n in v.nodes.values():
+            if _annotations(n).get(ANN_DO_NOT_DISRUPT) != "true" and not n["metadata"].get("deletionTimestamp"):
+                self._patch_node(n["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: "true"}}})
 
     def _advance(self, v: _View, now: float) -> None:
+        self._protect(v)
         v.reason = self._failure(v, now)
         if v.reason:
             return  # the controller deletes it whole; nothing more to build
@@ -423,7 +501,8 @@ class KubeActuator:
             action = CreateGang(v.name, lb.get(LABEL_MODEL, ""), lb.get(LABEL_FLAVOR_KEY, ""),
                                 lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type,
                                 v.size, "resume after restart")
-            self._create_members(action, float(lb.get(LABEL_CREATED, now)), missing)
+            pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
+            self._create_members(action, float(lb.get(LABEL_CREATED, now)), missing, pool)
             v.complete = True
             return
         up = len(v.claims) == v.size and all(_is_true(c, "Initialized") for c in v.claims.values())

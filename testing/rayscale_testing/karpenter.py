@@ -1,21 +1,43 @@
-"""A Karpenter stand-in for the emulator: it drives NodeClaims the way Karpenter's lifecycle does.
+"""A Karpenter stand-in for the emulator: it drives NodeClaims the way Karpenter's controllers do.
 
-For each NodeClaim (level-triggered, so a restart of the stand-in picks up where things are):
+Each rule names the upstream file (kubernetes-sigs/karpenter, v1 API) it follows. For each NodeClaim
+(level-triggered, so a restart of the stand-in picks up where things are):
 - it adds the ``karpenter.sh/termination`` finalizer and sets Launched/Registered/Initialized/Ready
   to Unknown;
-- after ``launch`` seconds it resolves instance type, zone and capacity type from the requirements
-  (the first allowed instance type, zone and the cheapest allowed capacity type that have capacity),
-  labels the claim with them and fills ``status.providerID``, ``imageID``, ``capacity`` and
-  ``allocatable``: Launched=True. With no capacity anywhere: Launched=False, reason
-  InsufficientCapacityError, and the claim is deleted (as Karpenter does after a failed launch);
+- launch (``pkg/controllers/nodeclaim/lifecycle/launch.go`` ``launchNodeClaim``): after ``launch``
+  seconds it resolves instance type, zone and capacity type from the requirements (the first allowed
+  instance type, zone and the preferred allowed capacity type that have capacity), labels the claim
+  with them and fills ``status.providerID``, ``imageID``, ``capacity`` and ``allocatable``:
+  Launched=True. With no capacity anywhere it publishes a Warning Event ``InsufficientCapacityError``
+  on the claim (``lifecycle/events.go``; cluster-scoped, so the Event is in namespace ``default``) and
+  deletes the claim. ``Launched=False`` is never set;
 - after ``register`` more seconds it creates the Node (the claim's labels and annotations, the
   single-value ``In`` requirements as labels, instance-type/zone/region/capacity-type/arch/os/hostname,
   the claim's taints plus startupTaints, an ownerReference to the claim, the termination finalizer)
   and sets ``status.nodeName``: Registered=True;
 - after ``initialize`` more seconds the Node turns Ready, startup taints go, extended resources
   (GPUs, Neuron devices) become allocatable: Initialized=True, Ready=True;
+- liveness (``lifecycle/liveness.go``): a claim not launched ``launch_timeout`` (5 min) or not
+  registered ``registration_timeout`` (15 min) after it was first seen is deleted, without an Event;
+- expiration (``pkg/controllers/nodeclaim/expiration/controller.go``): ``spec.expireAfter`` after it
+  was first seen the claim is deleted, forcefully: ``do-not-disrupt`` does not stop it;
+- emptiness (``pkg/controllers/nodeclaim/disruption/consolidation.go``, ``pkg/controllers/disruption/
+  emptiness.go``): an Initialized claim of an existing NodePool (``karpenter.sh/nodepool`` label) whose
+  Node has no reschedulable pods is deleted ``consolidateAfter`` after it was initialized or last had a
+  pod, unless ``karpenter.sh/do-not-disrupt`` is on the Node (the claim before registration,
+  ``pkg/controllers/state/statenode.go`` ``Annotations``) or a pod, within the pool's Empty budget
+  (``pkg/controllers/disruption/helpers.go`` ``BuildDisruptionBudgetMapping``);
 - on deletion it taints the Node ``karpenter.sh/disrupted:NoSchedule``, evicts its pods, deletes the
   Node, then removes the claim's finalizer. A Node deleted directly takes its claim with it.
+
+Not modelled here because the emulator or the stand-in's scope already gives upstream's behaviour:
+NodePool deletion reaches claims only through their ownerReferences (the emulator's garbage
+collector, as Kubernetes'; Karpenter sets them on the claims it creates in ``pkg/controllers/
+provisioning/scheduling/nodeclaimtemplate.go``), so a claim without one escapes it. NodePool
+``limits`` are checked only when Karpenter creates a claim itself (``pkg/controllers/provisioning/
+provisioner.go`` ``Create``); this stand-in never provisions, so a third-party claim over the limit
+still launches. Timers run from when the stand-in first saw a claim (its clock), not
+``creationTimestamp``: a restarted stand-in restarts them.
 
 Delays come from ``KarpenterConfig`` (per instance type if given); with a ``ManualClock`` and direct
 ``step()`` calls everything is deterministic. ``disrupt()`` emulates a voluntary disruption
@@ -25,12 +47,15 @@ Delays come from ``KarpenterConfig`` (per instance type if given); with a ``Manu
 from __future__ import annotations
 
 import hashlib
+import itertools
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rayscale.testing.kubeapi import ApiError, Store
-from rayscale.testing.scheduler import Clock, StandIn, set_condition
+from rayscale_testing.kubeapi import ApiError, Store, now_rfc3339
+from rayscale_testing.scheduler import Clock, StandIn, set_condition
 
 Obj = dict[str, Any]
 
@@ -41,6 +66,8 @@ L_ZONE = "topology.kubernetes.io/zone"
 L_REGION = "topology.kubernetes.io/region"
 L_CAPACITY_TYPE = "karpenter.sh/capacity-type"
 L_NODEPOOL = "karpenter.sh/nodepool"
+# Where Events for cluster-scoped objects land (client-go's recorder: metav1.NamespaceDefault).
+EVENTS_NAMESPACE = "default"
 # Karpenter prefers reserved capacity, then spot, then on-demand when several are allowed.
 CAPACITY_PREFERENCE = ("reserved", "spot", "on-demand")
 
@@ -115,8 +142,10 @@ class KarpenterConfig:
     region: str = "us-east-1"
     instance_types: dict[str, InstanceShape] = field(default_factory=lambda: dict(DEFAULT_INSTANCE_TYPES))
     default_instance_type: str = "m6i.xlarge"
-    delete_after_capacity_error: float = 0.0
     termination_delay: float = 0.0
+    # lifecycle/liveness.go: LaunchTimeout (5 min) and registrationTimeout (15 min).
+    launch_timeout: float = 300.0
+    registration_timeout: float = 900.0
     # Claims named here stay in their current phase (a slow member of a gang, for tests).
     held: set[str] = field(default_factory=set)
 
@@ -129,7 +158,8 @@ class _Track:
     seen: float
     launched: float | None = None
     registered: float | None = None
-    failed: float | None = None
+    initialized: float | None = None
+    last_pod: float | None = None  # the last time a reschedulable pod was seen on its Node
     deleting: float | None = None
 
 
@@ -161,6 +191,9 @@ class KarpenterStandIn(StandIn):
         self.launched: list[tuple[str, str, str, str]] = []  # (claim, instance type, zone, capacity type)
         self.capacity_failures: list[str] = []
         self.disruptions: list[tuple[str, str]] = []
+        # Every claim this stand-in deleted and why (the metric reason upstream records).
+        self.deleted: list[tuple[str, str]] = []
+        self._event_ids = itertools.count()
 
     # -- capacity control for tests -----------------------------------------------------------------
 
@@ -188,8 +221,9 @@ class KarpenterStandIn(StandIn):
             track = self._track.setdefault(name, _Track(seen=now))
             if claim["metadata"].get("deletionTimestamp"):
                 self._terminate(claim, track, now)
-            else:
+            elif not self._expire_or_time_out(claim, track, now):
                 self._progress(claim, track, now)
+        self._consolidate_empty(now)
         for name in list(self._track):
             if name not in live:
                 del self._track[name]
@@ -225,11 +259,6 @@ class KarpenterStandIn(StandIn):
         if name in self.config.held:
             return
         launched = condition_status(claim, "Launched")
-        if launched == "False":
-            track.failed = track.failed if track.failed is not None else now
-            if now - track.failed >= self.config.delete_after_capacity_error:
-                self._delete("nodeclaims", name)
-            return
         if launched != "True":
             itype_guess = self._first(claim, L_INSTANCE_TYPE) or self.config.default_instance_type
             if now - track.seen < self.config.delays_for(itype_guess).launch:
@@ -246,8 +275,12 @@ class KarpenterStandIn(StandIn):
             return
         if track.registered is None:
             track.registered = now
-        if condition_status(claim, "Initialized") != "True" and now - track.registered >= delays.initialize:
-            self._initialize(claim)
+        if condition_status(claim, "Initialized") != "True":
+            if now - track.registered >= delays.initialize:
+                self._initialize(claim)
+                track.initialized = now
+        elif track.initialized is None:
+            track.initialized = now  # initialized before this stand-in (re)started
 
     # -- phases -------------------------------------------------------------------------------------
 
@@ -297,17 +330,16 @@ class KarpenterStandIn(StandIn):
         choice = next((o for o in options if self._has_capacity(*o)), None)
         conds = _conds(claim)
         if choice is None:
+            # launch.go launchNodeClaim: an InsufficientCapacityError Event, then the claim is deleted;
+            # the Launched condition stays Unknown.
             tried = sorted({f"{it}/{z}/{ct}" for it, z, ct in options}) or ["no compatible instance type"]
-            set_condition(
-                conds,
-                "Launched",
-                "False",
-                "InsufficientCapacityError",
-                "insufficient capacity: " + ", ".join(tried),
+            self.publish_event(
+                claim, "InsufficientCapacityError",
+                f"NodeClaim {name} event: insufficient capacity, all requested instance types were "
+                f"unavailable during launch ({', '.join(tried)})",
             )
-            self._set_status(name, {"conditions": conds})
-            track.failed = now
             self.capacity_failures.append(name)
+            self._delete_claim(name, "insufficient_capacity")
             return
         it, zone, ct = choice
         shape = self.config.instance_types[it]
@@ -463,6 +495,124 @@ class KarpenterStandIn(StandIn):
             self._delete("pods", p["metadata"]["name"], p["metadata"]["namespace"])
         self._remove_finalizer("nodes", name)
 
+    # -- liveness and expiration ---------------------------------------------------------------------
+
+    def _expire_or_time_out(self, claim: Obj, track: _Track, now: float) -> bool:
+        """Delete a claim that expired or missed a liveness deadline; True when it was deleted."""
+        name = claim["metadata"]["name"]
+        if not _conds(claim):
+            return False  # not reconciled yet: the conditions (and their clocks) start at the next pass
+        # expiration/controller.go: forceful, so do-not-disrupt is not consulted.
+        expire_after = parse_duration((claim.get("spec") or {}).get("expireAfter"))
+        if expire_after is not None and now - track.seen >= expire_after:
+            self._delete_claim(name, "expired")
+            return True
+        # lifecycle/liveness.go Reconcile: no Event is published for a timeout.
+        if condition_status(claim, "Registered") == "True":
+            return False
+        if condition_status(claim, "Launched") != "True" and now - track.seen >= self.config.launch_timeout:
+            self._delete_claim(name, "launch_timeout")
+            return True
+        if now - track.seen >= self.config.registration_timeout:
+            self._delete_claim(name, "registration_timeout")
+            return True
+        return False
+
+    # -- emptiness consolidation ---------------------------------------------------------------------
+
+    def _consolidate_empty(self, now: float) -> None:
+        """disruption/emptiness.go: delete empty, consolidatable claims within each pool's Empty budget."""
+        claims, _ = self.store.list("nodeclaims")
+        budgets = self._empty_budgets(claims)
+        for claim in claims:
+            pool = (claim["metadata"].get("labels") or {}).get(L_NODEPOOL, "")
+            track = self._track.get(claim["metadata"]["name"])
+            if track is None or not self._consolidatable(claim, track, now) or budgets.get(pool, 0) <= 0:
+                continue
+            budgets[pool] -= 1
+            self.disruptions.append((claim["metadata"]["name"], "Empty"))
+            self._delete_claim(claim["metadata"]["name"], "empty")
+
+    def _consolidatable(self, claim: Obj, track: _Track, now: float) -> bool:
+        """nodeclaim/disruption/consolidation.go (the Consolidatable condition) and statenode.go
+        ValidateNodeDisruptable / ValidatePodsDisruptable, for an empty node."""
+        meta = claim["metadata"]
+        pool = self._nodepool(claim)
+        node_name = (claim.get("status") or {}).get("nodeName")
+        if meta.get("deletionTimestamp") or pool is None or not node_name or track.initialized is None:
+            return False
+        after = parse_duration(((pool.get("spec") or {}).get("disruption") or {}).get("consolidateAfter"))
+        node = self.store.try_get("nodes", node_name)
+        if after is None or node is None or node["metadata"].get("deletionTimestamp"):
+            return False
+        pods, _ = self.store.list("pods", field_selector=f"spec.nodeName={node_name}")
+        if any(_reschedulable(p) for p in pods):
+            track.last_pod = now
+            return False
+        # After registration Karpenter reads do-not-disrupt from the Node (statenode.go Annotations).
+        if any((o["metadata"].get("annotations") or {}).get(DO_NOT_DISRUPT) == "true" for o in [node, *pods]):
+            return False
+        since = max(track.initialized, track.last_pod or track.initialized)
+        return now - since >= after
+
+    def _nodepool(self, claim: Obj) -> Obj | None:
+        # disruption/types.go NewCandidate: a claim without the label or its NodePool is no candidate.
+        name = (claim["metadata"].get("labels") or {}).get(L_NODEPOOL)
+        return self.store.try_get("nodepools", name) if name else None
+
+    def _empty_budgets(self, claims: list[Obj]) -> dict[str, int]:
+        """helpers.go BuildDisruptionBudgetMapping: allowed Empty disruptions per pool, less those under way."""
+        nodes: dict[str, int] = {}
+        disrupting: dict[str, int] = {}
+        for c in claims:
+            if condition_status(c, "Initialized") != "True":
+                continue  # only initialized nodes count towards the total
+            pool = (c["metadata"].get("labels") or {}).get(L_NODEPOOL, "")
+            nodes[pool] = nodes.get(pool, 0) + 1
+            if c["metadata"].get("deletionTimestamp"):
+                disrupting[pool] = disrupting.get(pool, 0) + 1
+        out: dict[str, int] = {}
+        for pool in nodes:
+            np = self.store.try_get("nodepools", pool) if pool else None
+            if np is not None:
+                allowed = allowed_disruptions(np, nodes[pool], "Empty")
+                out[pool] = max(allowed - disrupting.get(pool, 0), 0)
+        return out
+
+    # -- events ----------------------------------------------------------------------------------------
+
+    def publish_event(self, obj: Obj, reason: str, message: str, type_: str = "Warning") -> None:
+        """A core/v1 Event on ``obj`` as client-go's recorder writes it (pkg/events/recorder.go)."""
+        meta = obj["metadata"]
+        ts = now_rfc3339()
+        self.store.create(
+            "events",
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": f"{meta['name']}.{next(self._event_ids):x}", "namespace": EVENTS_NAMESPACE},
+                "involvedObject": {
+                    "apiVersion": obj.get("apiVersion", "karpenter.sh/v1"),
+                    "kind": obj.get("kind", "NodeClaim"),
+                    "name": meta["name"],
+                    "uid": meta.get("uid", ""),
+                },
+                "reason": reason,
+                "message": message,
+                "type": type_,
+                "source": {"component": "karpenter"},
+                "reportingComponent": "karpenter",
+                "firstTimestamp": ts,
+                "lastTimestamp": ts,
+                "count": 1,
+            },
+            EVENTS_NAMESPACE,
+        )
+
+    def _delete_claim(self, name: str, reason: str) -> None:
+        self.deleted.append((name, reason))
+        self._delete("nodeclaims", name)
+
     # -- voluntary disruption -------------------------------------------------------------------------
 
     def disrupt(self, claim_name: str, reason: str = "Underutilized") -> bool:
@@ -514,3 +664,44 @@ class KarpenterStandIn(StandIn):
             ],
             patch_type="json",
         )
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
+_DURATION_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(text: str | None) -> float | None:
+    """A NodePool/NodeClaim duration (Go's ``time.ParseDuration`` subset: ``720h``, ``1h30m``, ``10s``) in
+    seconds; None for ``Never`` or unset."""
+    if text is None or text == "Never":
+        return None
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(n) * _DURATION_UNIT[u] for n, u in parts)
+
+
+def allowed_disruptions(nodepool: Obj, num_nodes: int, reason: str) -> int:
+    """pkg/apis/v1/nodepool.go GetAllowedDisruptionsByReason: the smallest budget naming ``reason`` (or
+    no reasons); percentages round up. Budget schedules are not modelled (every budget is active). The
+    CRD's default budget is ``nodes: 10%``."""
+    budgets = ((nodepool.get("spec") or {}).get("disruption") or {}).get("budgets") or [{"nodes": "10%"}]
+    allowed = math.inf
+    for b in budgets:
+        if b.get("reasons") and reason not in b["reasons"]:
+            continue
+        nodes = str(b.get("nodes", "10%"))
+        val = math.ceil(num_nodes * float(nodes[:-1]) / 100) if nodes.endswith("%") else int(nodes)
+        allowed = min(allowed, val)
+    return int(allowed) if allowed != math.inf else num_nodes
+
+
+def _reschedulable(pod: Obj) -> bool:
+    """A pod that makes its node non-empty: not owned by a DaemonSet, not terminal, not terminating
+    (pkg/utils/pod/scheduling.go IsReschedulable)."""
+    meta = pod["metadata"]
+    if any(r.get("kind") == "DaemonSet" for r in meta.get("ownerReferences") or ()):
+        return False
+    if meta.get("deletionTimestamp"):
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")

@@ -22,7 +22,7 @@ Modelled on ray-project/kuberay ``ray-operator/controllers/ray/raycluster_contro
 Scheduling and pod start are done by ``PodScheduler`` (run inside this stand-in unless
 ``schedule=False``): pods stay Pending when no Node fits their nodeSelector, tolerations and requests.
 Pods for which ``external_kubelet(pod)`` is true are bound but run by another stand-in
-(``rayscale.testing.raypods.RayPodKubelet``: a real Ray node per worker pod).
+(``rayscale_testing.raypods.RayPodKubelet``: a real Ray node per worker pod).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from rayscale.testing.kubeapi import ApiError, Store, now_rfc3339
-from rayscale.testing.scheduler import Clock, PodScheduler, StandIn
+from rayscale_testing.kubeapi import ApiError, Store, now_rfc3339
+from rayscale_testing.scheduler import Clock, PodScheduler, StandIn
 
 Obj = dict[str, Any]
 

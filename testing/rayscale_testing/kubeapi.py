@@ -350,13 +350,28 @@ def _check_key(key: str, text: str) -> str:
     return key
 
 
+def _involved(field: str) -> Callable[[Obj], str]:
+    return lambda o: str((o.get("involvedObject") or {}).get(field, ""))
+
+
 _FIELD_PATHS: dict[str, Callable[[Obj], str]] = {
     "metadata.name": lambda o: o.get("metadata", {}).get("name", ""),
     "metadata.namespace": lambda o: o.get("metadata", {}).get("namespace", ""),
     "spec.nodeName": lambda o: (o.get("spec") or {}).get("nodeName", ""),
     "status.phase": lambda o: (o.get("status") or {}).get("phase", ""),
+    **{f"involvedObject.{f}": _involved(f) for f in ("kind", "name", "namespace", "uid", "apiVersion")},
+    "reason": lambda o: str(o.get("reason", "")),
+    "type": lambda o: str(o.get("type", "")),
 }
-_FIELDS_FOR = {"pods": ("spec.nodeName", "status.phase")}
+# The field selectors the real apiserver accepts beyond metadata.name/namespace (pkg/registry/core/
+# pod/strategy.go and event/strategy.go ToSelectableFields).
+_FIELDS_FOR = {
+    "pods": ("spec.nodeName", "status.phase"),
+    "events": (
+        "involvedObject.kind", "involvedObject.name", "involvedObject.namespace", "involvedObject.uid",
+        "involvedObject.apiVersion", "reason", "type",
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ tolerates and whose allocatable resources still fit the pod's requests; bound po
 after ``start_delay``; pods whose node is gone are deleted (pod GC). Pods that fit nowhere stay
 Pending with ``PodScheduled=False, reason Unschedulable``, as in a real cluster. Pods for which
 ``external_kubelet(pod)`` is true are only bound: another stand-in runs them and sets their status
-(``rayscale.testing.raypods`` runs Ray worker pods as real Ray nodes).
+(``rayscale_testing.raypods`` runs Ray worker pods as real Ray nodes).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Protocol
 
-from rayscale.testing.kubeapi import ApiError, Store, WatchEvent, now_rfc3339
+from rayscale_testing.kubeapi import ApiError, Store, WatchEvent, now_rfc3339
 
 log = logging.getLogger(__name__)
 

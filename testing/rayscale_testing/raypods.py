@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from rayscale.cluster.local import LocalCluster, LocalFlavor
-from rayscale.testing.kubeapi import ApiError, Store, now_rfc3339
-from rayscale.testing.scheduler import Clock, StandIn, parse_quantity, set_condition
+from rayscale_testing.kubeapi import ApiError, Store, now_rfc3339
+from rayscale_testing.scheduler import Clock, StandIn, parse_quantity, set_condition
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
