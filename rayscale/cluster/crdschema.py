@@ -29,8 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
+
+from rayscale.extras import missing_extra
+
+try:  # CRD schemas are checked with jsonschema, their CEL rules with cel-python
+    import jsonschema
+except ImportError as e:
+    raise missing_extra("kube", "checking manifests against CRD schemas") from e
 
 __all__ = [
     "CRDSchema",
@@ -254,6 +260,14 @@ def _fmt_path(parts: Iterable[Any]) -> str:
 _CEL_ENV: Any = None
 
 
+def _celpy() -> Any:
+    try:
+        import celpy
+    except ImportError as e:
+        raise missing_extra("kube", "checking CRD validation rules (CEL)") from e
+    return celpy
+
+
 def _k8s_cel_functions() -> dict[str, Any]:
     from celpy import celtypes
 
@@ -339,7 +353,7 @@ def cel_functions_used(rule: str) -> set[str]:
 @functools.lru_cache(maxsize=4096)
 def _cel_program(rule: str) -> Any:
     global _CEL_ENV
-    import celpy
+    celpy = _celpy()
 
     if _CEL_ENV is None:
         _CEL_ENV = celpy.Environment()
@@ -375,7 +389,7 @@ _CEL_RESULTS: dict[tuple[str, str, str | None], tuple[bool, str]] = {}
 
 
 def _eval_cel_uncached(rule: str, value: Any, old: Any, has_old: bool) -> tuple[bool, str]:
-    import celpy
+    celpy = _celpy()
 
     unsupported = cel_functions_used(rule) - CEL_SUPPORTED_FUNCTIONS
     if unsupported:

@@ -101,7 +101,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"recover: {note}", flush=True)
         actuator = local
     else:
-        from kubernetes import client, config
+        try:
+            from kubernetes import client, config
+        except ImportError as e:
+            from rayscale.extras import missing_extra
+
+            raise missing_extra("kube", "--actuator kube") from e
 
         from rayscale.cluster.kube.actuator import KubeActuator, KubeActuatorConfig
 

@@ -23,8 +23,14 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    import boto3
     import yaml
+
+    try:
+        import boto3
+    except ImportError as e:
+        from rayscale.extras import missing_extra
+
+        raise missing_extra("aws", "rayscale prices") from e
 
     from rayscale.config import load_catalog
     from rayscale.core.catalog import CatalogError

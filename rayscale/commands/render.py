@@ -24,6 +24,8 @@ def register(sub: Any) -> None:
                         "none: one generated from the catalog)")
     p.add_argument("--cluster-name", default="rayscale", help="EKS cluster name (discovery tags, node role)")
     p.add_argument("--namespace", default="rayscale")
+    p.add_argument("--settings", default=None, metavar="FILE",
+                   help="the controller's settings file, shipped in its ConfigMap (default: the shipped settings)")
     p.add_argument("--image", default="rayscale:0.1.0")
     p.add_argument("--neuron-image", default="rayscale:0.1.0-neuron")
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file under --out differs")
@@ -56,10 +58,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     serve = args.serve_config if args.serve_config is not None else [str(p) for p in default_serve_configs(".")]
     settings = RenderSettings(cluster_name=args.cluster_name, namespace=args.namespace, image=args.image,
+                              settings_file=args.settings,
                               neuron_image=args.neuron_image, serve_configs=tuple(serve))
     try:
         files = render(cat, settings)
-    except ConfigError as e:  # serve configs that cannot become one
+    except (ConfigError, CatalogError) as e:  # serve configs that cannot become one; a bad settings file
         print(f"invalid: {e}", file=sys.stderr)
         return 1
     if not args.no_validate:

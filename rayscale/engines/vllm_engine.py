@@ -13,10 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ray.llm._internal.common.callbacks.base import CallbackBase
-from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
-
 from rayscale.engines.tiny_model import ensure_tiny_model
+from rayscale.extras import missing_vllm
+
+try:  # Ray Serve LLM imports vLLM: this module subclasses its engine
+    from ray.llm._internal.common.callbacks.base import CallbackBase
+    from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
+except ImportError as e:
+    raise missing_vllm("serving with vLLM") from e
 
 if TYPE_CHECKING:
     from ray.serve.llm import LLMConfig

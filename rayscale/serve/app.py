@@ -1,7 +1,8 @@
 """Ray Serve application builder: ``import_path: rayscale.serve.app:build_app`` in a serve config.
 
 One deployment per (model, flavor), named ``{model}--{flavor}``, behind one ingress deployment
-named ``ingress``. Replica counts are plain ``num_replicas`` values that the controller (or a
+named ``ingress``. ``args`` lists the models as Ray Serve LLM ``llm_configs`` or in rayscale's own
+``models`` shape (rayscale.serve.config). Replica counts are plain ``num_replicas`` values that the controller (or a
 ``deployments:`` override in the serve config) sets.
 """
 
@@ -70,9 +71,14 @@ def _vllm_deployment(model: ModelDeployment, flavor: FlavorDeployment) -> tuple[
 
 
 def build_from_config(cfg: AppConfig, app_name: str = "default") -> Application:
-    from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard
+    try:  # Ray Serve LLM's OpenAI models import vLLM
+        from ray.llm._internal.serve.core.configs.openai_api_models import ModelCard
 
-    from rayscale.serve.ingress import make_ingress_class
+        from rayscale.serve.ingress import make_ingress_class
+    except ImportError as e:
+        from rayscale.extras import missing_vllm
+
+        raise missing_vllm("the OpenAI ingress") from e
 
     flavor_apps: dict[str, dict[str, Application]] = {}
     cards: dict[str, Any] = {}

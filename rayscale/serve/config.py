@@ -1,7 +1,15 @@
 """Configuration of a rayscale serving application: models, their flavor deployments and engines.
 
 It is the ``args`` of a Ray Serve application whose ``import_path`` is ``rayscale.serve.app:build_app``,
-so one YAML file is both a valid ``serve run`` config and a validated rayscale config.
+so one YAML file is both a valid ``serve run`` config and a validated rayscale config. The models come in
+either of two shapes, side by side if need be:
+
+- ``llm_configs``: Ray Serve LLM ``LLMConfig`` entries, as ``ray.serve.llm:build_openai_app`` takes them
+  (a config users already have pastes in). rayscale's extension lives in each entry's
+  ``experimental_configs.rayscale`` (``RayscaleExtension``): the flavors the model may run on, each
+  overriding the entry's own accelerator, placement, replica count and engine kwargs. Without it the entry
+  is one flavor, named after its accelerator type (or kind).
+- ``models``: rayscale's own shape (``ModelDeployment``), one block per model with its ``flavors``.
 """
 
 from __future__ import annotations
@@ -74,6 +82,9 @@ class FlavorDeployment(_Strict):
     # Ray Serve LLM holds streamed chunks for this long to send them together (its default: 50 ms).
     # None: 0 on CPU, where vLLM's stream_interval already coalesces tokens; Ray's default elsewhere.
     stream_batching_interval_ms: float | None = Field(default=None, ge=0)
+    # Ray's accelerator type (A10G, L4, H100, ...): every device bundle asks for a sliver of the
+    # "accelerator_type:<type>" resource Ray gives nodes of that type, as Ray Serve LLM does.
+    accelerator_type: str | None = None
 
     @field_validator("flavor")
     @classmethod
@@ -100,7 +111,16 @@ class FlavorDeployment(_Strict):
         return self
 
     def bundles(self) -> list[dict[str, float]]:
-        """Bundles of one replica: explicit ones, or one device per parallel rank plus a CPU."""
+        """Bundles of one replica: explicit ones, or one device per parallel rank plus a CPU; with an
+        accelerator type, each device bundle (or the first, where none holds a device) asks for it."""
+        bundles = self._device_bundles()
+        if self.accelerator_type:
+            devices = [b for b in bundles if b.get("GPU") or b.get("neuron_cores")] or bundles[:1]
+            for b in devices:
+                b.setdefault(f"accelerator_type:{self.accelerator_type}", 0.001)
+        return bundles
+
+    def _device_bundles(self) -> list[dict[str, float]]:
         if self.placement_bundles:
             return [dict(b.resources) for b in self.placement_bundles]
         world = self.tensor_parallel_size * self.pipeline_parallel_size
@@ -143,6 +163,217 @@ class ModelDeployment(_Strict):
         return self
 
 
+# --- Ray Serve LLM's shape: LLMConfig entries with rayscale's extension ----------------------------
+
+_DEVICE_FIELDS = {"accelerator", "accelerator_type", "placement_bundles", "placement_strategy"}
+Accelerator = Literal["cpu", "gpu", "neuron"]
+Strategy = Literal["PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD"]
+
+
+class FlavorSpec(_Strict):
+    """One flavor of an ``llm_configs`` entry (``experimental_configs.rayscale.flavors``). Unset fields
+    come from the entry; a flavor that names any device field (accelerator, accelerator_type, placement)
+    takes none of the entry's, so a Neuron flavor does not inherit a GPU type."""
+
+    flavor: str
+    accelerator: Accelerator | None = None
+    accelerator_type: str | None = None
+    num_replicas: int | None = Field(default=None, ge=0)
+    weight: float = Field(default=1.0, ge=0)
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    pipeline_parallel_size: int | None = Field(default=None, ge=1)
+    placement_bundles: list[PlacementBundle] | None = None
+    placement_strategy: Strategy | None = None
+    # Merged over the entry's engine_kwargs.
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    profile: EmulatedProfile | None = None
+    max_ongoing_requests: int | None = Field(default=None, ge=1)
+    stream_batching_interval_ms: float | None = Field(default=None, ge=0)
+
+
+class RayscaleExtension(_Strict):
+    """rayscale's part of an LLMConfig, under ``experimental_configs.rayscale`` (an LLMConfig forbids
+    unknown top-level fields; experimental_configs is its free-form map, so the entry stays valid for Ray)."""
+
+    engine: Literal["vllm", "emulated"] = "vllm"
+    # Empty: the entry itself is the one flavor.
+    flavors: list[FlavorSpec] = Field(default_factory=list)
+
+
+class _ModelLoading(_Strict):
+    model_id: str
+    # Hub id, local path or "builtin:tiny-qwen2"; Ray's default: the model_id.
+    model_source: str | None = None
+
+
+class _PlacementGroup(_Strict):
+    bundles: list[dict[str, float]] | None = None
+    # Ray Serve LLM repeats it once per tensor x pipeline parallel rank.
+    bundle_per_worker: dict[str, float] | None = None
+    strategy: Strategy | None = None
+
+
+class _Deployment(_Strict):
+    num_replicas: int | None = Field(default=None, ge=0)
+    max_ongoing_requests: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _owned_by_rayscale(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            if "autoscaling_config" in v or v.get("num_replicas") == "auto":
+                raise ValueError("remove autoscaling_config / num_replicas: auto: the rayscale controller sets "
+                                 "replica counts (num_replicas is the starting count)")
+            if "name" in v:
+                raise ValueError("remove name: rayscale names each deployment {model_id}--{flavor}")
+        return v
+
+
+class _Accelerator(_Strict):
+    kind: Literal["cpu", "gpu"]
+
+
+class _Experimental(BaseModel):
+    # Ray's other experimental keys pass through unread.
+    model_config = ConfigDict(extra="allow")
+    stream_batching_interval_ms: float | None = Field(default=None, ge=0)
+    rayscale: RayscaleExtension = Field(default_factory=RayscaleExtension)
+
+
+# LLMConfig fields rayscale's builder sets itself or does not pass on.
+_UNSUPPORTED = ("runtime_env", "lora_config", "server_cls", "callback_config")
+
+
+class LLMConfigEntry(_Strict):
+    """The part of Ray Serve LLM's ``LLMConfig`` rayscale builds from (same field names and meaning)."""
+
+    model_loading_config: _ModelLoading
+    llm_engine: Literal["vLLM"] = "vLLM"
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    accelerator_type: str | None = None
+    accelerator_config: _Accelerator | None = None
+    placement_group_config: _PlacementGroup | None = None
+    deployment_config: _Deployment = Field(default_factory=_Deployment)
+    # rayscale's signals read the engine metrics: they stay on.
+    log_engine_metrics: Literal[True] = True
+    experimental_configs: _Experimental = Field(default_factory=_Experimental)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _supported(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for k in _UNSUPPORTED:
+                if k in v:
+                    raise ValueError(f"{k}: rayscale's builder does not pass this LLMConfig field on; remove it")
+        return v
+
+    def accelerator(self) -> Accelerator:
+        """The device kind as Ray Serve LLM infers it."""
+        if self.accelerator_config is not None:
+            return self.accelerator_config.kind
+        pg = self.placement_group_config
+        if pg is None:
+            return "gpu"  # Ray's default, with or without an accelerator_type
+        return _infer_accelerator([*(pg.bundles or []), *([pg.bundle_per_worker] if pg.bundle_per_worker else [])])
+
+
+def _infer_accelerator(bundles: list[dict[str, float]] | None, accelerator_type: str | None = None) -> Accelerator:
+    """Ray Serve LLM's rule (bundles with a GPU: gpu; bundles without: cpu; else an accelerator type: gpu)
+    with Neuron bundles (neuron_cores) added."""
+    if bundles:
+        if any(b.get("GPU") for b in bundles):
+            return "gpu"
+        return "neuron" if any(b.get("neuron_cores") for b in bundles) else "cpu"
+    return "gpu" if accelerator_type else "cpu"
+
+
+def _entry_flavor(e: LLMConfigEntry, tp: int, pp: int) -> FlavorSpec:
+    """The entry as a flavor: the defaults of its rayscale flavors, or its one flavor."""
+    kind = e.accelerator()
+    pg = e.placement_group_config or _PlacementGroup()
+    bundles = pg.bundles or ([pg.bundle_per_worker] * (tp * pp) if pg.bundle_per_worker else None)
+    return FlavorSpec(
+        flavor=(e.accelerator_type or kind).lower(),
+        accelerator=kind,
+        accelerator_type=e.accelerator_type,
+        num_replicas=e.deployment_config.num_replicas,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        placement_bundles=[PlacementBundle(resources=b) for b in bundles] if bundles else None,
+        placement_strategy=pg.strategy,
+        max_ongoing_requests=e.deployment_config.max_ongoing_requests,
+        stream_batching_interval_ms=e.experimental_configs.stream_batching_interval_ms,
+    )
+
+
+def _flavor(base: FlavorSpec, spec: FlavorSpec) -> dict[str, Any]:
+    """A FlavorDeployment's fields: the spec's where set, else the entry's (device fields as a group)."""
+    inherit = set(type(base).model_fields) - spec.model_fields_set - {"flavor", "weight", "engine_kwargs"}
+    merged = {**spec.model_dump(exclude_none=True), **base.model_dump(include=inherit, exclude_none=True)}
+    if spec.model_fields_set & _DEVICE_FIELDS:
+        for k in _DEVICE_FIELDS - spec.model_fields_set:
+            merged.pop(k, None)
+        if spec.accelerator is None:
+            bundles = [b.resources for b in spec.placement_bundles or []]
+            merged["accelerator"] = _infer_accelerator(bundles, spec.accelerator_type)
+    kwargs = dict(spec.engine_kwargs)
+    for k in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if k in kwargs and k not in spec.model_fields_set:
+            merged[k] = kwargs.pop(k)
+    merged["engine_kwargs"] = kwargs
+    return merged
+
+
+def _model_from_entry(e: LLMConfigEntry) -> dict[str, Any]:
+    """ModelDeployment fields of one LLMConfig entry."""
+    ext = e.experimental_configs.rayscale
+    kwargs = dict(e.engine_kwargs)
+    # Parallelism shapes the placement bundles: it lives on the flavor, not in the shared engine kwargs.
+    tp, pp = int(kwargs.pop("tensor_parallel_size", 1)), int(kwargs.pop("pipeline_parallel_size", 1))
+    max_len = kwargs.pop("max_model_len", None)
+    base = _entry_flavor(e, tp, pp)
+    model: dict[str, Any] = {
+        "name": e.model_loading_config.model_id,
+        "engine": ext.engine,
+        "source": e.model_loading_config.model_source or e.model_loading_config.model_id,
+        "engine_kwargs": kwargs,
+        "flavors": [_flavor(base, spec) for spec in ext.flavors or [FlavorSpec(flavor=base.flavor)]],
+    }
+    if max_len is not None:
+        model["max_model_len"] = max_len
+    return model
+
+
+# Where a ModelDeployment field comes from in an LLMConfig entry.
+_ENTRY_LOC = {"name": "model_loading_config.model_id", "max_model_len": "engine_kwargs.max_model_len",
+              "engine": "experimental_configs.rayscale.engine"}
+
+
+def models_from_llm_configs(entries: list[LLMConfigEntry]) -> list[ModelDeployment]:
+    """One model per entry; errors name the entry (``llm_configs.<i>``) and the field."""
+    models = []
+    for i, e in enumerate(entries):
+        try:
+            models.append(ModelDeployment.model_validate(_model_from_entry(e)))
+        except ValidationError as err:
+            found = []
+            for x in err.errors():
+                loc = ".".join(str(p) for p in x["loc"])
+                loc = _ENTRY_LOC.get(loc, loc).replace("flavors.", "experimental_configs.rayscale.flavors.")
+                found.append((f"llm_configs.{i}.{loc}".rstrip("."), x["msg"]))
+            raise EntryErrors(found) from err
+    return models
+
+
+class EntryErrors(ValueError):
+    """Errors of the rayscale model an LLMConfig entry becomes, each at its place in the entry (pydantic
+    gives a model validator's error no location of its own)."""
+
+    def __init__(self, found: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in found))
+        self.found = found
+
+
 class IngressConfig(_Strict):
     num_replicas: int = Field(default=1, ge=1)
     max_ongoing_requests: int = Field(default=1024, ge=1)
@@ -151,19 +382,31 @@ class IngressConfig(_Strict):
 
 
 class AppConfig(_Strict):
-    """All models of one Serve application, behind one ingress."""
+    """All models of one Serve application, behind one ingress. After validation ``models`` holds every
+    model, those given as ``llm_configs`` included (and ``llm_configs`` is empty)."""
 
-    models: list[ModelDeployment]
+    models: list[ModelDeployment] = Field(default_factory=list)
+    # Ray Serve LLM LLMConfig entries, read into ``models``.
+    llm_configs: list[LLMConfigEntry] = Field(default_factory=list)
     # Serve application name; keys the run-time weight store (rayscale.serve.weights).
     app_name: str = "default"
     ingress: IngressConfig = Field(default_factory=IngressConfig)
 
     @model_validator(mode="after")
     def _unique(self) -> AppConfig:
+        # Read once: llm_configs then stays empty, so validating this AppConfig again changes nothing.
+        self.models = [*self.models, *models_from_llm_configs(self.llm_configs)]
+        self.llm_configs = []
+        if not self.models:
+            raise ValueError("no models: list Ray Serve LLM configs under llm_configs (or models)")
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique: {names}")
         return self
+
+    def as_args(self) -> dict[str, Any]:
+        """The same application as ``args`` in rayscale's own shape (every model under ``models``)."""
+        return self.model_dump(mode="json", exclude={"llm_configs"})
 
     def model(self, name: str) -> ModelDeployment:
         for m in self.models:
@@ -179,8 +422,12 @@ class ConfigError(ValueError):
 def _fmt_errors(path: str, err: ValidationError, prefix: str = "") -> str:
     lines = [f"{path}: invalid config"]
     for e in err.errors():
+        inner = (e.get("ctx") or {}).get("error")
+        if isinstance(inner, EntryErrors):
+            lines += [f"  {prefix}{loc}: {msg}" for loc, msg in inner.found]
+            continue
         loc = ".".join(str(x) for x in e["loc"])
-        lines.append(f"  {prefix}{loc}: {e['msg']}")
+        lines.append(f"  {prefix}{loc}: {e['msg']}" if loc else f"  {prefix.rstrip('.')}: {e['msg']}")
     return "\n".join(lines)
 
 

@@ -39,12 +39,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
 from rayscale.core.attainment import CHUNK_TOKENS
 from rayscale.core.catalog import Profile
+from rayscale.extras import missing_extra
+
+try:  # the engine's tick functions are compiled at import
+    import numba
+except ImportError as e:
+    raise missing_extra("sim", "the trace simulator") from e
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]

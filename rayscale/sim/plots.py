@@ -8,7 +8,12 @@ from typing import Any
 
 def plot_results(results: Sequence[Any], path: str | None = None, title: str | None = None) -> Any:
     """One column per policy: arrivals, live replicas per flavor, TTFT/TPOT p95, $/h. Returns the figure."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        from rayscale.extras import missing_extra
+
+        raise missing_extra("sim", "plotting simulation results") from e
 
     if path is not None:
         matplotlib.use("Agg")  # files only; no display needed

@@ -84,8 +84,9 @@ def test_the_rendered_serve_config_passes_the_chunk_to_vllm() -> None:
     code = CAT.with_request_mix("mistral-7b", CODE)
     chosen = choose_chunks(code)
     cfg = serve_config_from_catalog(code)
-    models = {m["name"]: m for m in cfg["applications"][0]["args"]["models"]}
-    seen = {f["flavor"]: f["engine_kwargs"]["max_num_batched_tokens"] for f in models["mistral-7b"]["flavors"]}
+    entries = {e["model_loading_config"]["model_id"]: e for e in cfg["applications"][0]["args"]["llm_configs"]}
+    flavors = entries["mistral-7b"]["experimental_configs"]["rayscale"]["flavors"]
+    seen = {f["flavor"]: f["engine_kwargs"]["max_num_batched_tokens"] for f in flavors}
     assert seen and all(seen[f] == chosen[("mistral-7b", f)] for f in seen)
     assert seen["l40s"] < CHUNK_TOKENS
     # Through the app's own parsing to the Ray Serve LLM config, and accepted by vLLM's engine arguments.

@@ -173,7 +173,8 @@ def test_every_rendered_serve_config_is_what_ray_serve_accepts_and_rayscale_can_
 def test_shipped_configs_become_one_app_with_every_model_and_override() -> None:
     cfg = serve_config_from_files(default_serve_configs(REPO))
     (app,) = cfg["applications"]
-    assert [m["name"] for m in app["args"]["models"]] == ["mistral-7b", "qwen2-7b"]
+    ids = [e["model_loading_config"]["model_id"] for e in app["args"]["llm_configs"]]
+    assert ids == ["mistral-7b", "qwen2-7b"]
     assert [d["name"] for d in app["deployments"]] == ["mistral-7b--a10g", "qwen2-7b--a10g"]
 
 
@@ -190,7 +191,7 @@ def test_files_whose_apps_cannot_become_one_are_refused(tmp_path: Path) -> None:
 
     def other_ingress(app: dict[str, Any]) -> None:
         app["args"]["ingress"] = {"num_replicas": 2}
-        app["args"]["models"][0]["name"] = "other"
+        app["args"]["llm_configs"][0]["model_loading_config"]["model_id"] = "other"
 
     b = _serve_file(tmp_path, "b.yaml", other_ingress)
     with pytest.raises(ConfigError, match=rf"^{b}: applications\.mistral-7b: args\.ingress"):
@@ -261,3 +262,25 @@ def test_cli_check_validates_serve_configs(tmp_path: Path, monkeypatch: pytest.M
     assert "invalid: deployments/k8s/rayservice.yaml: RayService rayscale spec.serveConfigV2" in err
     assert 'Found duplicate applications for route prefix "/"' in err
     assert not (tmp_path / "deployments").exists()  # nothing written
+
+
+def test_the_controller_deployment_runs_the_shipped_settings_file_from_its_configmap(
+        files: dict[str, str], tmp_path: Path) -> None:
+    from rayscale.cluster.render import RenderSettings, render
+    from rayscale.config import load_catalog, settings_from_mapping
+    from rayscale.core.catalog import CatalogError
+    from rayscale.core.settings import Settings
+
+    dep = by_kind(files, "Deployment")[0]["spec"]["template"]["spec"]
+    args = dep["containers"][0]["args"]
+    path = args[args.index("--settings") + 1]
+    mount = dep["containers"][0]["volumeMounts"][0]
+    assert path.startswith(mount["mountPath"] + "/")
+    vol = next(v for v in dep["volumes"] if v["name"] == mount["name"])
+    cm = next(c for c in by_kind(files, "ConfigMap") if c["metadata"]["name"] == vol["configMap"]["name"])
+    text = cm["data"][path.rsplit("/", 1)[1]]
+    assert settings_from_mapping(yaml.safe_load(text), "configmap") == Settings()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("planner:\n  solver: quantum\n")
+    with pytest.raises(CatalogError, match="solver must be auto, exact or greedy"):
+        render(load_catalog(), RenderSettings(settings_file=str(bad)))

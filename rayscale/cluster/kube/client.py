@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
-from kubernetes.client.exceptions import ApiException
+
+from rayscale.extras import missing_extra
+
+try:
+    from kubernetes.client.exceptions import ApiException
+except ImportError as e:
+    raise missing_extra("kube", "the Kubernetes client") from e
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
