@@ -120,21 +120,18 @@ def demo_trace(cfg: DemoConfig, out: Callable[[str], None]) -> Any:
 
 def serve_app_args(cfg: DemoConfig) -> tuple[str, dict[str, Any], str]:
     """(app name, app args, model name) from the serve config, with the replica pinned to the flavor."""
-    import yaml
+    from rayscale.serve.config import PlacementBundle, load_serve_config
 
-    from rayscale.serve.config import load_serve_config
-
-    load_serve_config(cfg.serve_config)  # validates the whole file; errors name file and field
-    raw = yaml.safe_load(cfg.serve_config.read_text())
-    app = raw["applications"][0]
-    args = app["args"]
-    for model in args["models"]:
-        for fl in model["flavors"]:
-            bundles = fl.get("placement_bundles") or [{"resources": {"CPU": 1}}]
+    loaded = load_serve_config(cfg.serve_config)  # validates the whole file; errors name file and field
+    name = loaded.serve.applications[0].name
+    app = loaded.apps[name]
+    for model in app.models:
+        for fl in model.flavors:
+            bundles = fl.bundles()
             # the flavor's resource makes Ray place the replica on a node of that flavor, as on a cloud
-            bundles[0]["resources"][f"accelerator_type:{cfg.flavor.upper()}"] = 1
-            fl["placement_bundles"] = bundles
-    return app.get("name", "default"), args, args["models"][0]["name"]
+            bundles[0][f"accelerator_type:{cfg.flavor.upper()}"] = 1
+            fl.placement_bundles = [PlacementBundle(resources=b) for b in bundles]
+    return name, app.as_args(), app.models[0].name
 
 
 def deploy(app_name: str, args: dict[str, Any], port: int, timeout_s: float) -> None:

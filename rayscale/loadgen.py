@@ -162,6 +162,43 @@ class Summary:
 
 
 @dataclass(frozen=True)
+class Attainment:
+    """How many requests met an SLO as the client measured them (TTFT from sending to the first token, TPOT
+    between the following ones), and the client-side p95s of those counted."""
+
+    requests: int  # counted: sent (or due) in the span asked for
+    met: int  # succeeded with TTFT <= the target and TPOT <= the target (no TPOT: one token, met)
+    ttft_p95_s: float | None
+    tpot_p95_s: float | None
+
+    @property
+    def share(self) -> float | None:
+        return self.met / self.requests if self.requests else None
+
+    def p95s_within(self, ttft_target_s: float, tpot_target_s: float) -> bool:
+        """Whether the SLO as stated (p95 targets) holds: both p95s within target, and no request failed
+        beyond the 5% a p95 allows (a failed request has no TTFT, so it would not move the p95 itself)."""
+        if self.requests == 0:
+            return True
+        ttft_ok = self.ttft_p95_s is not None and self.ttft_p95_s <= ttft_target_s
+        tpot_ok = self.tpot_p95_s is None or self.tpot_p95_s <= tpot_target_s
+        return ttft_ok and tpot_ok
+
+
+def slo_attainment(results: Sequence[RequestResult], ttft_target_s: float, tpot_target_s: float,
+                   keep: Callable[[RequestResult], bool] = lambda r: True) -> Attainment:
+    """The client-side attainment of the requests ``keep`` selects. A failed or unsent request missed; its
+    TTFT counts as infinite in the p95, so failures cannot hide a miss."""
+    rs = [r for r in results if keep(r)]
+    met = sum(1 for r in rs if r.ok and r.ttft_s is not None and r.ttft_s <= ttft_target_s
+              and (r.tpot_s is None or r.tpot_s <= tpot_target_s))
+    ttft = [r.ttft_s if r.ok and r.ttft_s is not None else math.inf for r in rs]
+    tpot = [r.tpot_s for r in rs if r.ok and r.tpot_s is not None]
+    ttft_p95 = float(np.percentile(ttft, 95, method="higher")) if ttft else None
+    return Attainment(len(rs), met, ttft_p95, _pct(tpot, 95))
+
+
+@dataclass(frozen=True)
 class ReplayResult:
     results: list[RequestResult]
     summary: Summary
@@ -440,6 +477,7 @@ def write_results_jsonl(path: str | Path, results: Sequence[RequestResult]) -> N
 
 
 __all__ = [
+    "Attainment",
     "LoadGenConfig",
     "PromptFactory",
     "ReplayResult",
@@ -447,6 +485,7 @@ __all__ = [
     "Summary",
     "replay",
     "replay_async",
+    "slo_attainment",
     "wait_ready",
     "write_results_jsonl",
 ]

@@ -66,7 +66,8 @@ def _by_flavor(gangs: list[Gang]) -> dict[str, dict[str, int]]:
 
 def _sig_summary(s: ModelSignals) -> dict[str, Any]:
     d: dict[str, Any] = {"freshness": s.freshness.value}
-    for k in ("arrival_rate_rps", "waiting", "running", "ttft_p95_s", "tpot_p95_s", "kv_usage", "age_s"):
+    for k in ("arrival_rate_rps", "waiting", "running", "ttft_p95_s", "tpot_p95_s", "kv_usage", "age_s", "in_flight",
+              "client_ttft_p95_s"):
         v = getattr(s, k)
         if v is not None:
             d[k] = round(float(v), 4)
@@ -181,7 +182,7 @@ class Controller:
             fn(rec)
 
     def _sync_serving(self, gangs: list[Gang]) -> list[str]:
-        """Kubernetes: karpenter.sh/do-not-disrupt follows the replicas (a provider without it skips)."""
+        """Tell a provider which gangs serve (one that does not need to know has no sync_serving)."""
         sync = getattr(self.actuator, "sync_serving", None)
         if sync is None:
             return []

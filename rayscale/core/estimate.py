@@ -416,6 +416,20 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         sig = signals.get(name)
         mix = mixes[name]
         caps = caps_of[name]
+        startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
+                       for f in catalog.models[name].parallelism), default=0.0)
+        drain_s = max(settings.backlog_drain_s, startup)
+        if sig is not None and not sig.usable and sig.backlog > 0:
+            # Engines' metrics missing or stale while requests wait or run (the ingress sees them): a new
+            # replica not yet reporting, a scrape lost under load. That is load, never zero and never a hold:
+            # every visible request counts as backlog, on top of what the ingress saw arrive.
+            arrived = sig.arrival_rate_rps or 0.0
+            rps = (arrived + sig.backlog / drain_s) * (1.0 + settings.headroom)
+            out[name] = Demand(name, DemandState.OK, rps, mix, caps,
+                               f"signals {sig.freshness.value}, {sig.backlog:.0f} requests in flight at the ingress"
+                               f" ({arrived:.2f} req/s arriving): sized as backlog",
+                               best_effort=best_effort.get(name, ""), fallback=fallback.get(name, {}))
+            continue
         if sig is None or not sig.usable:
             fresh = sig.freshness if sig else Freshness.MISSING
             age = f" (last sample {sig.age_s:.0f}s ago)" if sig and sig.age_s is not None else ""
@@ -428,9 +442,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
             burst = _burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
                                 1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
-        startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
-                       for f in catalog.models[name].parallelism), default=0.0)
-        backlog = (sig.waiting or 0.0) / max(settings.backlog_drain_s, startup)
+        backlog = (sig.waiting or 0.0) / drain_s
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"
         if rate > sig.arrival_rate_rps + 1e-9:

@@ -87,7 +87,9 @@ class ModelSignals:
     age_s: float | None = None  # seconds since the newest sample; None when missing
     arrival_rate_rps: float | None = None
     mix: RequestMix | None = None
-    waiting: float | None = None  # requests queued across all replicas
+    # Requests queued anywhere before an engine runs them: in the engines' queues, in Serve's routers (every
+    # replica at max_ongoing_requests) and in the ingress before a first byte (rayscale.signals.window).
+    waiting: float | None = None
     running: float | None = None
     ttft_p95_s: float | None = None
     tpot_p95_s: float | None = None
@@ -98,7 +100,18 @@ class ModelSignals:
     # rayscale.core.burst sizes for (empty: not observed, no burst floor).
     arrival_counts: tuple[float, ...] = ()
     arrival_bin_s: float = 0.0
+    # Requests the ingress accepted and has not finished (queued anywhere or running), from the ingress's own
+    # metrics, which do not go missing when the engines' do. None: not observed.
+    in_flight: float | None = None
+    # TTFT p95 as clients see it: from arrival at the ingress to the first byte, queues in Serve included.
+    client_ttft_p95_s: float | None = None
 
     @property
     def usable(self) -> bool:
         return self.freshness == Freshness.FRESH and self.arrival_rate_rps is not None
+
+    @property
+    def backlog(self) -> float:
+        """Requests visibly waiting or in flight (0 when neither is observed): load, whatever the engines'
+        metrics say."""
+        return max(self.waiting or 0.0, self.in_flight or 0.0)

@@ -2,7 +2,10 @@
 
 Extends Ray Serve LLM's ``OpenAiIngress`` (request models, SSE framing) instead of rewriting it: handle
 selection, response handling for the emulated engine's plain-JSON responses and errors differ. Errors
-are vLLM's (rayscale.serve.errors): typed, short, without internals or the request echoed.
+are vLLM's (rayscale.serve.errors): typed, short, without internals or the request echoed. It counts the
+load as clients bring it (rayscale.serve.metrics.IngressMetrics): requests in flight and waiting for a first
+byte, wherever they wait on the way (Serve's routers, a replica's queue, the engine), and TTFT from arrival
+at the ingress to the first byte.
 """
 
 from __future__ import annotations
@@ -10,6 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
+import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import HTTPException, Request
@@ -39,6 +45,10 @@ from rayscale.serve.errors import ApiError, make_app, openai_error_body
 from rayscale.serve.metrics import IngressMetrics
 from rayscale.serve.weights import get_store, pick_flavor, validate_weights
 
+# How often the ingress writes its in-flight and waiting counts to Ray's gauges (the controller's period is
+# seconds; Ray exports every metrics_report_interval_ms).
+INGRESS_REPORT_INTERVAL_S = 0.5
+
 
 def _engine_error(head: Any) -> ApiError | None:
     """The error an engine answered with instead of a response (vLLM's ErrorResponse or a JSON body)."""
@@ -48,6 +58,43 @@ def _engine_error(head: Any) -> ApiError | None:
         err = head["error"]
         return ApiError(int(err.get("code") or 400), str(err.get("message", "")), err.get("param"))
     return None
+
+
+class _Tracked:
+    """One request in the ingress's counts (IngressMetrics): arrived, answered, finished, each counted once
+    however the request ends (error, timeout, client gone)."""
+
+    def __init__(self, metrics: IngressMetrics, model: str) -> None:
+        self.metrics, self.model, self.t0 = metrics, model, time.monotonic()
+        self.answered = self.finished = False
+        metrics.arrive(model)
+
+    def answer(self, ok: bool) -> None:
+        if not self.answered:
+            self.answered = True
+            self.metrics.first_byte(self.model, time.monotonic() - self.t0 if ok else None)
+
+    def finish(self) -> None:
+        self.answer(False)
+        if not self.finished:
+            self.finished = True
+            self.metrics.finish(self.model)
+
+
+def _counted(stream: AsyncIterator[Any], req: _Tracked) -> AsyncIterator[Any]:
+    """``stream``, finishing ``req`` when it ends, fails or is dropped unread (a client gone before the
+    body started: the generator never runs, so its ``finally`` would not either)."""
+
+    async def gen() -> AsyncIterator[Any]:
+        try:
+            async for item in stream:
+                yield item
+        finally:
+            req.finish()
+
+    out = gen()
+    weakref.finalize(out, req.finish)
+    return out
 
 
 def is_length_rejection(e: ApiError) -> bool:
@@ -80,7 +127,24 @@ class RayscaleIngress(OpenAiIngress):
         self.routed: dict[str, dict[str, int]] = {
             m: dict.fromkeys(f, 0) for m, f in flavor_deployments.items()
         }
-        self._metrics = IngressMetrics()
+        self._metrics = IngressMetrics(list(flavor_deployments))
+        self._metrics.report()
+        self._reporter: asyncio.Task[None] | None = None
+
+    # --- load metrics ------------------------------------------------------------------------------
+    async def _report_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a failed export must not end the reporting
+                self._metrics.report()
+            await asyncio.sleep(INGRESS_REPORT_INTERVAL_S)
+
+    def _ensure_reporter(self) -> None:
+        if self._reporter is None or self._reporter.done():
+            self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
+
+    async def check_health(self) -> None:
+        # Serve calls this every few seconds: the reporter starts before the first request.
+        self._ensure_reporter()
 
     # --- weights ---------------------------------------------------------------------------------
     async def _refresh_loop(self) -> None:
@@ -153,21 +217,31 @@ class RayscaleIngress(OpenAiIngress):
     ) -> Response:
         model_id = await self._get_model_id(body.model)  # 404 for unknown models before anything else
         self._check_request(body)
-        async with router_request_timeout(DEFAULT_LLM_ROUTER_HTTP_TIMEOUT):
-            gen = self._get_response(body=body, call_method=call_method, raw_request=raw_request)
-            first, gen = await _peek_at_generator(gen)
-            head = first[0] if isinstance(first, list) and first else first
-            error = _engine_error(head)
-            if error is not None:
-                if is_length_rejection(error):
-                    self._metrics.reject(model_id)
-                raise error
-            if isinstance(head, NON_STREAMING_RESPONSE_TYPES):
-                return JSONResponse(content=head.model_dump())
-            if isinstance(head, dict):
-                return JSONResponse(content=head)
-            stream: Any = gen  # chunks are lists of SSE strings from either engine
-            return StreamingResponse(_openai_json_wrapper(stream), media_type="text/event-stream")
+        self._ensure_reporter()
+        req = _Tracked(self._metrics, model_id)
+        streaming = False
+        try:
+            async with router_request_timeout(DEFAULT_LLM_ROUTER_HTTP_TIMEOUT):
+                gen = self._get_response(body=body, call_method=call_method, raw_request=raw_request)
+                first, gen = await _peek_at_generator(gen)
+                head = first[0] if isinstance(first, list) and first else first
+                error = _engine_error(head)
+                req.answer(error is None)
+                if error is not None:
+                    if is_length_rejection(error):
+                        self._metrics.reject(model_id)
+                    raise error
+                if isinstance(head, NON_STREAMING_RESPONSE_TYPES):
+                    return JSONResponse(content=head.model_dump())
+                if isinstance(head, dict):
+                    return JSONResponse(content=head)
+                stream: Any = gen  # chunks are lists of SSE strings from either engine
+                body_stream = _counted(_openai_json_wrapper(stream), req)
+                streaming = True
+                return StreamingResponse(body_stream, media_type="text/event-stream")
+        finally:
+            if not streaming:
+                req.finish()
 
 
 def make_ingress_class() -> Any:

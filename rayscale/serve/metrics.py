@@ -243,10 +243,37 @@ REJECTED_TAG_KEYS: tuple[str, ...] = ("model", "reason")
 REJECT_MAX_MODEL_LEN = "max_model_len"
 
 
-class IngressMetrics:
-    """The ingress's own series (created in the ingress replica)."""
+# The load as clients bring it, per model and ingress replica: requests wait in Serve (the proxy's and the
+# ingress's routers, max_ongoing_requests) and in the ingress where no engine metric sees them. Ray exports
+# them as INGRESS_EXPORTED[...] (rayscale.signals.window reads them).
+INGRESS_IN_FLIGHT = "rayscale_ingress_requests_in_flight"  # accepted, not finished
+INGRESS_WAITING = "rayscale_ingress_requests_waiting"  # accepted, no first byte from an engine yet
+# Requests accepted since the replica started, as a gauge: Ray's Counter cannot export a 0, and a counter
+# that appears with the first requests would lose them from the window's difference.
+INGRESS_ARRIVALS = "rayscale_ingress_requests_accepted"
+INGRESS_TTFT = "rayscale_ingress_time_to_first_token_seconds"  # arrival at the ingress -> first byte
+INGRESS_TAG_KEYS: tuple[str, ...] = ("model", "replica")
+INGRESS_PREFIX = "ray_rayscale_ingress_"
+INGRESS_EXPORTED = {
+    INGRESS_IN_FLIGHT: "ray_" + INGRESS_IN_FLIGHT,
+    INGRESS_WAITING: "ray_" + INGRESS_WAITING,
+    INGRESS_ARRIVALS: "ray_" + INGRESS_ARRIVALS,
+    INGRESS_TTFT: "ray_" + INGRESS_TTFT,
+}
+# Serve's own router gauge (ray/serve/_private/router.py, RouterMetricsManager): requests a handle holds
+# because every replica of the deployment is at max_ongoing_requests. Tags: deployment, application,
+# handle, actor_id; one series per handle (the proxy's for the ingress, the ingress's for each flavor).
+SERVE_QUEUED_EXPORTED = "ray_serve_deployment_queued_queries"
 
-    def __init__(self) -> None:
+
+class IngressMetrics:
+    """The ingress's own series (created in the ingress replica).
+
+    In-flight and waiting are counted here and written to Ray's gauges by ``report`` (the ingress calls it
+    every ``report_interval_s`` and from Serve's health check), not per request: a gauge set per request
+    costs the hot path, and a reported idle zero keeps the series alive so idle never reads as missing."""
+
+    def __init__(self, models: list[str] | tuple[str, ...] = (), replica: str | None = None) -> None:
         from ray.util import metrics as rm
 
         self.rejected = rm.Counter(
@@ -254,9 +281,47 @@ class IngressMetrics:
             description="Requests rejected with 400 because they exceed the model's max_model_len.",
             tag_keys=REJECTED_TAG_KEYS,
         )
+        self.replica = serve_identity()["ReplicaId"] if replica is None else replica
+        self._in_flight_g = rm.Gauge(INGRESS_IN_FLIGHT, description="Requests the ingress accepted and has not "
+                                     "finished (waiting for a replica, queued, running).", tag_keys=INGRESS_TAG_KEYS)
+        self._waiting_g = rm.Gauge(INGRESS_WAITING, description="Requests the ingress accepted that have no first "
+                                   "byte from an engine yet.", tag_keys=INGRESS_TAG_KEYS)
+        self._arrivals_g = rm.Gauge(INGRESS_ARRIVALS, description="Requests the ingress accepted since its "
+                                    "replica started (cumulative).", tag_keys=INGRESS_TAG_KEYS)
+        self._ttft_h = rm.Histogram(INGRESS_TTFT, description="Seconds from a request's arrival at the ingress "
+                                    "to its first byte from an engine (TTFT as the client sees it).",
+                                    boundaries=TTFT_BUCKETS, tag_keys=INGRESS_TAG_KEYS)
+        self.in_flight: dict[str, int] = dict.fromkeys(models, 0)
+        self.waiting: dict[str, int] = dict.fromkeys(models, 0)
+        self.arrived: dict[str, int] = dict.fromkeys(models, 0)
+
+    def _tags(self, model: str) -> dict[str, str]:
+        return {"model": model, "replica": self.replica}
 
     def reject(self, model: str, reason: str = REJECT_MAX_MODEL_LEN) -> None:
         self.rejected.inc(1, tags={"model": model, "reason": reason})
+
+    def arrive(self, model: str) -> None:
+        self.in_flight[model] = self.in_flight.get(model, 0) + 1
+        self.waiting[model] = self.waiting.get(model, 0) + 1
+        self.arrived[model] = self.arrived.get(model, 0) + 1
+
+    def first_byte(self, model: str, seconds: float | None) -> None:
+        """The engine answered (or failed) a request: it waits no longer; ``seconds``: its TTFT, if it streams
+        or answered at all (None for an error)."""
+        self.waiting[model] -= 1
+        if seconds is not None:
+            self._ttft_h.observe(seconds, tags=self._tags(model))
+
+    def finish(self, model: str) -> None:
+        self.in_flight[model] -= 1
+
+    def report(self) -> None:
+        for model, n in self.in_flight.items():
+            tags = self._tags(model)
+            self._in_flight_g.set(n, tags=tags)
+            self._waiting_g.set(self.waiting.get(model, 0), tags=tags)
+            self._arrivals_g.set(self.arrived.get(model, 0), tags=tags)
 
 
 # --- reading them back --------------------------------------------------------------------------

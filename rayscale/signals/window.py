@@ -1,10 +1,16 @@
-"""Windowed aggregation of engine metrics into the core's ModelSignals (pure: samples in, signals out).
+"""Windowed aggregation of engine, ingress and Serve metrics into the core's ModelSignals (pure: samples in,
+signals out).
 
 Input is a sequence of scrapes: each a timestamp and the parsed series of every replica's engine metrics
 (vLLM names as Ray exports them, ``ray_vllm_*``, labelled with model, flavor and ReplicaId). Counters
 and histograms are differenced over the window (a counter that went down was reset: its new value is
 the delta); gauges take the newest value. A model whose newest sample is older than ``stale_after_s``
 is STALE; one never seen is MISSING; a model whose counters stood still is FRESH with zero load.
+
+Freshness is the engines'. The ingress's series (``ray_rayscale_ingress_*``: in flight, waiting for a first
+byte, accepted, TTFT from arrival to first byte) and Serve's router queues (``ray_serve_deployment_queued_
+queries``) see what waits before an engine, and are attached whatever the engines' freshness: a model whose
+engine metrics are missing while the ingress holds its requests is loaded, not idle.
 """
 
 from __future__ import annotations
@@ -12,10 +18,19 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rayscale.core.settings import MIX_MAX_S
 from rayscale.core.signals import MIX_QUANTILES, FlavorObservation, Freshness, ModelSignals, RequestMix
+from rayscale.serve.metrics import (
+    INGRESS_ARRIVALS,
+    INGRESS_EXPORTED,
+    INGRESS_IN_FLIGHT,
+    INGRESS_PREFIX,
+    INGRESS_TTFT,
+    INGRESS_WAITING,
+    SERVE_QUEUED_EXPORTED,
+)
 
 Labels = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, Labels]  # (metric name, sorted labels)
@@ -32,6 +47,17 @@ GEN_HIST = P + "request_generation_tokens"  # per finished request: the exact ou
 RUNNING = P + "num_requests_running"
 WAITING = P + "num_requests_waiting"
 KV = P + "kv_cache_usage_perc"
+
+IN_FLIGHT = INGRESS_EXPORTED[INGRESS_IN_FLIGHT]
+ING_WAITING = INGRESS_EXPORTED[INGRESS_WAITING]
+ACCEPTED = INGRESS_EXPORTED[INGRESS_ARRIVALS]
+CLIENT_TTFT = INGRESS_EXPORTED[INGRESS_TTFT]
+SERVE_QUEUED = SERVE_QUEUED_EXPORTED
+# The ingress deployment's name (rayscale.serve.app.INGRESS_NAME): the proxy's router queues for it before
+# the request's model is known.
+INGRESS_DEPLOYMENT = "ingress"
+# What the scraper keeps of each node's exposition.
+PREFIXES = (P, INGRESS_PREFIX, SERVE_QUEUED)
 
 
 @dataclass(frozen=True)
@@ -160,8 +186,8 @@ def _mix_span(ok: Sequence[Scrape], first: Scrape, last: Scrape, model: str, min
 
 
 def arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
-    """Requests that reached the engines of ``model`` per second between two scrapes: first tokens
-    (admitted and prefilled) plus the growth of the engines' queues."""
+    """Requests of ``model`` per second between two scrapes: the larger of what reached the engines (first
+    tokens, admitted and prefilled, plus the growth of their queues) and what the ingress accepted."""
     def total(s: Scrape, name: str) -> float:
         return sum(v for (n, lb), v in s.series.items() if n == name and _label(lb, "model") == model)
 
@@ -170,7 +196,107 @@ def arrival_rate(first: Scrape, last: Scrape, model: str) -> float:
         if n == TTFT + "_count" and _label(lb, "model") == model:
             started += _delta(v, first.series.get((n, lb)))
     dt = max(last.t - first.t, 1e-9)
-    return max(0.0, started + total(last, WAITING) - total(first, WAITING)) / dt
+    engines = max(0.0, started + total(last, WAITING) - total(first, WAITING)) / dt
+    # Requests held before the engines (Serve's queues, the ingress) count from their arrival at the ingress.
+    return max(engines, _accepted_rate(first, last, model))
+
+
+@dataclass(frozen=True)
+class IngressView:
+    """One model's load as the ingress and Serve's routers see it (before any engine)."""
+
+    in_flight: float  # accepted by the ingress, not finished
+    waiting: float  # not yet answered by an engine: the ingress's waiting, or engines' plus Serve's queues
+    arrival_rate_rps: float | None  # requests the ingress accepted per second; None: under two scrapes
+    client_ttft_p95_s: float | None  # arrival at the ingress -> first byte, over the window
+    age_s: float
+
+
+def _model_of(deployment: str) -> str:
+    """A flavor deployment's model (``{model}--{flavor}``, rayscale.serve.config.deployment_name)."""
+    model, sep, _ = deployment.rpartition("--")
+    return model if sep else ""
+
+
+def serve_queued(scrape: Scrape) -> dict[str, float]:
+    """Requests Serve's routers hold per deployment (summed over handles): every replica is at
+    max_ongoing_requests. Keyed by deployment name."""
+    out: dict[str, float] = defaultdict(float)
+    for (name, lbls), v in scrape.series.items():
+        if name == SERVE_QUEUED:
+            out[_label(lbls, "deployment")] += v
+    return dict(out)
+
+
+def _ingress_total(s: Scrape, name: str, model: str) -> float | None:
+    vals = [v for (n, lb), v in s.series.items() if n == name and _label(lb, "model") == model]
+    return sum(vals) if vals else None
+
+
+def _accepted_rate(first: Scrape, last: Scrape, model: str) -> float:
+    got = 0.0
+    for (n, lb), v in last.series.items():
+        if n == ACCEPTED and _label(lb, "model") == model:
+            got += _delta(v, first.series.get((n, lb)))
+    return got / max(last.t - first.t, 1e-9)
+
+
+def ingress_views(ok: Sequence[Scrape], now: float, window_s: float, stale_after_s: float,
+                  fast_window_s: float | None = None) -> dict[str, IngressView]:
+    """Per model with fresh ingress series: in flight and waiting (newest scrape holding them), accepted
+    requests per second and client TTFT p95 over the window (the rate as ``aggregate``'s, fast window
+    included). The proxy's queue for the ingress is split over models by their share of in-flight."""
+    newest: dict[str, Scrape] = {}
+    for s in ok:
+        for (name, lbls) in s.series:
+            if name.startswith(INGRESS_PREFIX) and (m := _label(lbls, "model")):
+                newest[m] = s
+    newest = {m: s for m, s in newest.items() if now - s.t <= stale_after_s}
+    win = [s for s in ok if s.t >= now - window_s]
+    out: dict[str, IngressView] = {}
+    for m, s in newest.items():
+        in_flight = _ingress_total(s, IN_FLIGHT, m) or 0.0
+        queued = serve_queued(s)
+        engines_queue = sum(v for d, v in queued.items() if _model_of(d) == m) + _engine_waiting(s, m)
+        waiting = max(_ingress_total(s, ING_WAITING, m) or 0.0, engines_queue)
+        rate = ttft = None
+        if len(win) >= 2:
+            first, last = win[0], win[-1]
+            rate = _accepted_rate(first, last, m)
+            if fast_window_s is not None:
+                recent = [x for x in win if x.t <= last.t - fast_window_s]
+                if recent and recent[-1] is not first:
+                    rate = max(rate, _accepted_rate(recent[-1], last, m))
+            buckets: dict[float, float] = defaultdict(float)
+            for (n, lb), v in last.series.items():
+                if n == CLIENT_TTFT + "_bucket" and _label(lb, "model") == m:
+                    buckets[float(_label(lb, "le") or "inf")] += _delta(v, first.series.get((n, lb)))
+            ttft = histogram_quantile(0.95, buckets)
+        out[m] = IngressView(in_flight, waiting, rate, ttft, now - s.t)
+    # The proxy's router holds requests for the ingress before their model is known.
+    total = sum(v.in_flight for v in out.values())
+    for m, view in out.items():
+        at_proxy = serve_queued(newest[m]).get(INGRESS_DEPLOYMENT, 0.0)
+        if at_proxy and total > 0:
+            share = at_proxy * view.in_flight / total
+            out[m] = replace(view, in_flight=view.in_flight + share, waiting=view.waiting + share)
+    return out
+
+
+def _engine_waiting(s: Scrape, model: str) -> float:
+    return sum(v for (n, lb), v in s.series.items() if n == WAITING and _label(lb, "model") == model)
+
+
+def _with_ingress(sig: ModelSignals, view: IngressView | None) -> ModelSignals:
+    """``sig`` with what waits before the engines: waiting is the larger of the engines' and the ingress's
+    view (each request counted once), arrivals the larger of the engines' and the ingress's count."""
+    if view is None:
+        return sig
+    rate = sig.arrival_rate_rps
+    if view.arrival_rate_rps is not None:
+        rate = view.arrival_rate_rps if rate is None else max(rate, view.arrival_rate_rps)
+    return replace(sig, waiting=max(sig.waiting or 0.0, view.waiting), in_flight=view.in_flight,
+                   arrival_rate_rps=rate, client_ttft_p95_s=view.client_ttft_p95_s)
 
 
 def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, stale_after_s: float = 20.0,
@@ -186,27 +312,28 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
     drop still takes the whole window (and then the planner's downscale delay) to lower it.
     """
     ok = [s for s in scrapes if s.ok]
+    views = ingress_views(ok, now, window_s, stale_after_s, fast_window_s)
     last_seen: dict[str, float] = {}
     for s in ok:
-        for (_, lbls) in s.series:
+        for (name, lbls) in s.series:
             m = _label(lbls, "model")
-            if m:
+            if m and name.startswith(P):
                 last_seen[m] = max(last_seen.get(m, -math.inf), s.t)
     win = [s for s in ok if s.t >= now - window_s]
     out: dict[str, ModelSignals] = {}
-    all_models = set(models) | set(last_seen)
+    all_models = set(models) | set(last_seen) | set(views)
     if len(win) < 2:
         for m in all_models:
             fresh = Freshness.MISSING if m not in last_seen else Freshness.STALE
             age = now - last_seen[m] if m in last_seen else None
-            out[m] = ModelSignals(m, fresh, age)
+            out[m] = _with_ingress(ModelSignals(m, fresh, age), views.get(m))
         return out
     first, last = win[0], win[-1]
     per_model: dict[str, _Acc] = defaultdict(_Acc)
     per_flavor: dict[tuple[str, str], _Acc] = defaultdict(_Acc)
     for (name, lbls), v in last.series.items():
         m, f = _label(lbls, "model"), _label(lbls, "flavor")
-        if not m:
+        if not m or not name.startswith(P):
             continue
         accs = (per_model[m], per_flavor[(m, f)])
         rep = _label(lbls, "ReplicaId")
@@ -236,10 +363,10 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
     for m in all_models:
         age = now - last_seen[m] if m in last_seen else None
         if m not in last_seen:
-            out[m] = ModelSignals(m, Freshness.MISSING)
+            out[m] = _with_ingress(ModelSignals(m, Freshness.MISSING), views.get(m))
             continue
         if age is not None and age > stale_after_s:
-            out[m] = ModelSignals(m, Freshness.STALE, age)
+            out[m] = _with_ingress(ModelSignals(m, Freshness.STALE, age), views.get(m))
             continue
         a = per_model.get(m, _Acc())
         waiting_now = sum(a.gauges.get(WAITING, []))
@@ -267,18 +394,18 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
                 # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
                 prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
             )
-        out[m] = ModelSignals(
+        out[m] = _with_ingress(ModelSignals(
             model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals, mix=mix,
             waiting=waiting_now, running=sum(a.gauges.get(RUNNING, [])),
             ttft_p95_s=histogram_quantile(0.95, a.buckets.get(TTFT, {})),
             tpot_p95_s=histogram_quantile(0.95, a.buckets.get(TPOT, {})),
             kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=flav,
-        )
+        ), views.get(m))
     return out
 
 
-def parse_prometheus(text: str, prefix: str = P) -> dict[SeriesKey, float]:
-    """Series of a Prometheus text exposition whose names start with ``prefix``."""
+def parse_prometheus(text: str, prefix: str | tuple[str, ...] = PREFIXES) -> dict[SeriesKey, float]:
+    """Series of a Prometheus text exposition whose names start with ``prefix`` (one or a tuple)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[SeriesKey, float] = {}

@@ -1,0 +1,80 @@
+"""The ingress exports the load as clients bring it: requests in flight, waiting for a first byte, accepted,
+and TTFT from arrival to first byte; the controller's scraper and window read them back per model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from rayscale.serve.metrics import INGRESS_EXPORTED, INGRESS_IN_FLIGHT, INGRESS_TTFT, scrape_metrics
+from rayscale.signals.scrape import MetricsScraper
+from rayscale.signals.window import ACCEPTED, CLIENT_TTFT, IN_FLIGHT, aggregate
+from tests.conftest import EMULATED_MODEL, wait_for
+
+SLOW_TOKENS = 300  # ~10 s on the emulated A10G profile: long enough to be seen in flight
+
+
+def _ingress_totals(model: str) -> dict[str, float]:
+    """Per exported ingress series name (buckets by "le"), summed over ingress replicas."""
+    out: dict[str, float] = {}
+    for name, labels, value in scrape_metrics("ray_rayscale_ingress_"):
+        if labels.get("model") != model:
+            continue
+        key = name + (f"@{float(labels['le'])}" if "le" in labels else "")
+        out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def _stream(base: str, max_tokens: int, results: list[Any]) -> None:
+    body = {"model": EMULATED_MODEL, "prompt": "hello " * 20, "max_tokens": max_tokens, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{base}/completions", json=body, timeout=120) as r:
+        results.append((r.status_code, sum(1 for line in r.iter_lines() if line.startswith("data:"))))
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+def test_ingress_exports_in_flight_accepted_and_client_ttft(tiny_vllm_app: str) -> None:
+    base = tiny_vllm_app
+    # The series exist (as zeros) before this test's requests: idle is not missing.
+    wait_for(lambda: INGRESS_EXPORTED[INGRESS_IN_FLIGHT] in {k.split("@")[0] for k in _ingress_totals(
+        EMULATED_MODEL)}, timeout_s=60, what="ingress series exported")
+    before = _ingress_totals(EMULATED_MODEL)
+    results: list[Any] = []
+    n = 6
+    threads = [threading.Thread(target=_stream, args=(base, SLOW_TOKENS, results)) for _ in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        # While they stream, the ingress reports them in flight, and so do the controller's signals.
+        wait_for(lambda: _ingress_totals(EMULATED_MODEL).get(IN_FLIGHT, 0.0) >= n, timeout_s=30,
+                 what=f"{n} requests in flight at the ingress")
+        scraper = MetricsScraper()
+        try:
+            first = scraper.scrape(time.time())
+            time.sleep(2.0)
+            last = scraper.scrape(time.time())
+        finally:
+            scraper.close()
+        sig = aggregate([first, last], now=last.t, models=[EMULATED_MODEL])[EMULATED_MODEL]
+        assert sig.in_flight is not None and sig.in_flight >= n
+    finally:
+        for t in threads:
+            t.join(timeout=120)
+    assert len(results) == n and all(status == 200 and lines > 10 for status, lines in results), results
+
+    def settled() -> dict[str, float] | None:
+        now = _ingress_totals(EMULATED_MODEL)
+        done = now.get(CLIENT_TTFT + "_count", 0.0) - before.get(CLIENT_TTFT + "_count", 0.0) >= n
+        return now if done and now.get(IN_FLIGHT) == 0.0 else None
+
+    after = wait_for(settled, timeout_s=30, what="requests finished at the ingress")
+    assert after[ACCEPTED] - before.get(ACCEPTED, 0.0) >= n
+    assert after[INGRESS_EXPORTED[INGRESS_TTFT] + "_count"] - before.get(CLIENT_TTFT + "_count", 0.0) >= n
+    # First bytes came within a second of arrival on an idle replica (the emulated prefill is milliseconds).
+    under_1s = after.get(CLIENT_TTFT + "_bucket@1.0", 0.0) - before.get(CLIENT_TTFT + "_bucket@1.0", 0.0)
+    assert under_1s >= n
