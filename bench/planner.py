@@ -88,13 +88,14 @@ def time_plan(cat: Catalog, sig: dict[str, ModelSignals], solver: str, repeat: i
 
 
 def cluster_view(cat: Catalog, target: dict[tuple[str, str, str], int]) -> tuple[tuple[Gang, ...], ServeView]:
-    """The cluster a plan converged to: one ready, serving gang per replica of ``target``."""
+    """The cluster a plan converged to: ready gangs serving every replica of ``target``, packed ``slots`` a node."""
     gangs, serve = [], dict[tuple[str, str], int]()
     for (m, f, ct), n in sorted(target.items()):
         shape = gang_shape(cat, m, f)
-        for i in range(n):
+        for i in range(-(-n // shape.slots)):
+            on = min(shape.slots, n - i * shape.slots)
             gangs.append(Gang(f"{m}-{f}-{ct}-{i}", m, f, ct, cat.flavors[f].zones[i % len(cat.flavors[f].zones)],
-                              shape.instance_type, shape.nodes, GangPhase.READY, 0.0, serving=1))
+                              shape.instance_type, shape.nodes, GangPhase.READY, 0.0, serving=on))
         serve[(m, f)] = serve.get((m, f), 0) + n
     return tuple(gangs), ServeView(serve, dict(serve))
 

@@ -36,6 +36,15 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _gangs(e: Any) -> str:
+    """The gangs a plan entry orders: '2x 1xg5.12xlarge', or for packed replicas how full they are:
+    '1x 1xp5.48xlarge (3/8 replicas)'."""
+    out = f"{e.gangs}x {e.gang.nodes}x{e.gang.instance_type}"
+    if e.gang.slots > 1:
+        out += f" ({e.replicas}/{e.gangs * e.gang.slots} replicas)"
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from rayscale.config import load_catalog, load_loadfile
     from rayscale.core.catalog import CatalogError
@@ -71,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = [
         [e.model, e.flavor, e.capacity_type, f"{e.current}->{e.replicas}" if e.current != e.replicas else e.replicas,
-         f"{e.replicas}x {e.gang.nodes}x{e.gang.instance_type}", e.nodes, chunk(e.model, e.flavor),
+         _gangs(e), e.nodes, chunk(e.model, e.flavor),
          f"{e.usd_per_h:.2f}", e.reason]
         for e in result.entries
     ]

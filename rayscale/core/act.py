@@ -6,16 +6,24 @@ Ordering rules (DESIGN.md): provision whole gangs first, then add Serve replicas
 first, then release gangs that serve nothing. A gang not fully up within its launch timeout, or marked
 failed by the cloud (capacity error), is deleted whole and its (flavor, zone, capacity type) backed off,
 so the next plan falls back to another zone or flavor. Never an idle half gang.
+
+Packing: a single-node gang holds ``slots`` replicas (rayscale.core.gangs.GangShape.slots; eight TP=1 on a
+p5.48xlarge). The plan's target is replicas: a key wants ceil(replicas / slots) gangs, so new replicas fill
+the free slots of running gangs before a gang is ordered, and Serve runs min(planned, slots x ready gangs)
+replicas of a (model, flavor). A scale-down lowers Serve's target; Serve stops the replicas on the nodes
+with the fewest replicas first (``DeploymentScheduler._get_replicas_to_stop`` in
+ray/serve/_private/deployment_scheduler.py), so whole gangs empty and a gang is released once it serves 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
 from enum import StrEnum
 
 from rayscale.core.catalog import CapacityType, Catalog
-from rayscale.core.gangs import choose_zone, gang_shape
+from rayscale.core.gangs import GangError, choose_zone, gang_shape
 
 Key = tuple[str, str, str]  # (model, flavor, capacity type)
 
@@ -39,7 +47,7 @@ class Gang:
     nodes: int
     phase: GangPhase
     created_s: float
-    serving: int = 0  # Serve replicas running on its nodes
+    serving: int = 0  # Serve replicas running on its nodes (up to its shape's slots)
     reason: str = ""
     node_ids: tuple[str, ...] = ()  # members that are up (Ray node ids locally, Node names on Kubernetes)
     # When it entered its phase; None: at creation. A ready gang that goes PENDING again (a restarted
@@ -142,12 +150,14 @@ def decide(
     for g in live:
         by_key[g.key].append(g)
     pending_models = {g.model for g in live if g.phase == GangPhase.PENDING}
+    slots = _slots(catalog, {(k[0], k[1]) for k in set(target) | set(by_key)})
+    gangs_wanted = {k: -(-n // slots[(k[0], k[1])]) for k, n in target.items()}
 
     # Serve places a model's replicas on any ready node of the flavor, whatever its capacity type: gangs are
     # counted per (model, flavor) too, so a flavor never holds more gangs than its replicas can use (else an
     # on-demand gang serving where the plan wanted spot leaves a spot gang idle, held and never released).
     room: dict[tuple[str, str], int] = defaultdict(int)
-    for key, n in target.items():
+    for key, n in gangs_wanted.items():
         room[(key[0], key[1])] += n
     for g in live:
         room[(g.model, g.flavor)] -= 1
@@ -156,7 +166,7 @@ def decide(
     used_names = {g.name for g in gangs}
     for key in sorted(set(target) | set(by_key)):
         model, flavor, ct = key
-        want, have = target.get(key, 0), by_key.get(key, [])
+        want, have = gangs_wanted.get(key, 0), by_key.get(key, [])
         if want <= len(have) or model not in catalog.models or flavor not in catalog.flavors:
             continue
         want = len(have) + min(want - len(have), max(room[(model, flavor)], 0))
@@ -177,7 +187,7 @@ def decide(
             taken[zone] += 1
             room[(model, flavor)] -= 1
             actions.append(CreateGang(name, model, flavor, ct, zone, shape.instance_type, shape.nodes,
-                                      f"plan wants {want} x {ct}, have {len(have)}"))
+                                      f"plan wants {target[key]} x {ct} in {want} gang(s), have {len(have)}"))
             pending_models.add(model)
 
     # Serve replicas per (model, flavor): only onto ready gangs; lowering drains before any release.
@@ -190,29 +200,42 @@ def decide(
         keys = flavors_of.get(mf, [])
         want = sum(target.get(k, 0) for k in keys)
         ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
-        desired = min(want, ready)
+        desired = min(want, ready * slots.get(mf, 1))
         cur = serve_target.get(mf, 0)
         if desired > cur:
-            actions.append(SetReplicas(*mf, desired, f"{ready} gang(s) ready for {want} planned"))
+            held = f"{ready} gang(s) ready" + (f" ({ready * slots[mf]} slots)" if slots.get(mf, 1) > 1 else "")
+            actions.append(SetReplicas(*mf, desired, f"{held} for {want} planned"))
         elif desired < cur:
             if mf[0] in pending_models:
                 continue  # make before break: keep serving until the model's new gangs are up
             actions.append(SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}"))
 
-        actions += _release(mf, keys, by_key, target, serve_running.get(mf, 0) <= min(want, ready))
+        actions += _release(mf, keys, by_key, target, gangs_wanted, serve_running.get(mf, 0) <= desired)
     return actions
 
 
+def _slots(catalog: Catalog, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """Replicas one gang of each (model, flavor) holds; 1 where the catalog no longer has it."""
+    out = {}
+    for m, f in pairs:
+        out[(m, f)] = 1
+        if m in catalog.models and f in catalog.flavors and f in catalog.models[m].parallelism:
+            with contextlib.suppress(GangError):  # no instance fits: the plan never orders it
+                out[(m, f)] = gang_shape(catalog, m, f).slots
+    return out
+
+
 def _release(mf: tuple[str, str], keys: list[Key], by_key: dict[Key, list[Gang]], target: dict[Key, int],
-             drained: bool) -> list[Action]:
+             gangs_wanted: dict[Key, int], drained: bool) -> list[Action]:
     """Surplus gangs of one (model, flavor): pending ones of over-planned capacity types first (nothing runs
     there), then, once Serve runs no more than it should (``drained``), ready ones that serve nothing, those
-    of over-planned capacity types first, newest first."""
+    of over-planned capacity types first, newest first. A gang that still serves a replica is never released:
+    Serve empties whole nodes on a scale-down (the module docstring says how)."""
     have = [g for k in keys for g in by_key.get(k, [])]
-    surplus = len(have) - sum(target.get(k, 0) for k in keys)
+    surplus = len(have) - sum(gangs_wanted.get(k, 0) for k in keys)
     if surplus <= 0:
         return []
-    over = {k for k in keys if len(by_key.get(k, [])) > target.get(k, 0)}
+    over = {k for k in keys if len(by_key.get(k, [])) > gangs_wanted.get(k, 0)}
     pending = [g for g in have if g.phase == GangPhase.PENDING and g.key in over]
     idle = sorted((g for g in have if g.phase == GangPhase.READY and g.serving == 0),
                   key=lambda g: (g.key not in over, -g.created_s, g.name)) if drained else []

@@ -2,7 +2,11 @@
 
 Tensor parallelism stays inside a node (NVLink / NeuronLink); pipeline stages may span nodes. A gang is
 always one instance type in one zone: TP=4 fits one g5.12xlarge, never four g5.xlarge; PP=2 x TP=8 is two
-p4d.24xlarge. Among the instance types that fit, the cheapest gang wins (fewest idle devices on a tie).
+p4d.24xlarge. A replica that needs fewer devices than a node has shares it: a single-node gang holds
+``slots`` replicas (eight TP=1 replicas on one 8-GPU p5.48xlarge, two TP=4), a gang spanning nodes holds
+one. Among the instance types that fit, the cheapest per replica at full packing wins (fewest idle devices,
+then the smaller node, on a tie), so a flavor whose only instance is an 8-GPU node is priced at an eighth
+of it per TP=1 replica.
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ class GangShape:
     devices_per_node: int  # devices each node contributes to the replica (<= the instance's devices)
     tp: int
     pp: int
+    # Replicas one gang holds: a single node holds as many as its devices fit (whole TP x PP groups); a gang
+    # spanning nodes holds one (pipeline stages across nodes leave no whole node to share).
+    slots: int = 1
 
     @property
     def devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    def gangs_for(self, replicas: int) -> int:
+        """Gangs ``replicas`` replicas need at full packing."""
+        return -(-max(replicas, 0) // self.slots)
 
 
 def gang_options(flavor: Flavor, par: Parallelism) -> list[GangShape]:
@@ -41,7 +52,11 @@ def gang_options(flavor: Flavor, par: Parallelism) -> list[GangShape]:
         stages_per_node = cores_per_node // par.tp
         nodes = math.ceil(par.pp / stages_per_node)
         used_cores = par.tp * math.ceil(par.pp / nodes)
-        out.append(GangShape(it.name, nodes, math.ceil(used_cores / it.cores_per_device), par.tp, par.pp))
+        # A TP group never straddles a device: a replica takes whole devices, and a node holds as many
+        # replicas as its devices fit.
+        per_node = math.ceil(used_cores / it.cores_per_device)
+        slots = it.devices // per_node if nodes == 1 else 1
+        out.append(GangShape(it.name, nodes, per_node, par.tp, par.pp, max(slots, 1)))
     return out
 
 
@@ -63,10 +78,11 @@ def gang_shape_for(catalog: Catalog, flavor: str, par: Parallelism,
         biggest = max(it.devices * it.cores_per_device for it in fl.instance_types)
         raise GangError(f"tp={par.tp} needs {par.tp} devices in one node; largest {flavor} instance has {biggest}")
 
-    def key(g: GangShape) -> tuple[float, int, str]:
+    def key(g: GangShape) -> tuple[float, int, int, str]:
         it = fl.instance(g.instance_type)
-        idle = g.nodes * it.devices - g.devices
-        return (g.nodes * catalog.price(flavor, g.instance_type, capacity_type), idle, g.instance_type)
+        idle = g.nodes * it.devices - g.devices * g.slots
+        per_replica = g.nodes * catalog.price(flavor, g.instance_type, capacity_type) / g.slots
+        return (per_replica, idle, it.devices, g.instance_type)
 
     return options[0] if len(options) == 1 else min(options, key=key)
 

@@ -117,8 +117,13 @@ class PlanEntry:
     reason: str
 
     @property
+    def gangs(self) -> int:
+        """Gangs the replicas pack into (a gang holds gang.slots replicas)."""
+        return self.gang.gangs_for(self.replicas)
+
+    @property
     def nodes(self) -> int:
-        return self.replicas * self.gang.nodes
+        return self.gangs * self.gang.nodes
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class Plan:
         return {
             "method": self.method,
             "usd_per_h": round(self.usd_per_h, 4),
-            "entries": [{**asdict(e), "nodes": e.nodes} for e in self.entries],
+            "entries": [{**asdict(e), "gangs": e.gangs, "nodes": e.nodes} for e in self.entries],
             "shortfalls": [asdict(s) for s in self.shortfalls],
             "notes": list(self.notes),
         }
@@ -190,8 +195,8 @@ def plan(
     last_change = dict(memory.last_change_s)
     below_since = dict(memory.below_since_s)
 
-    cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [], [])
-    o_model, o_flavor, o_ct, o_usd, o_rps, o_dev, o_nodes, o_lb, o_ub, o_unit = cols
+    cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [], [], [])
+    o_model, o_flavor, o_ct, o_usd, o_rps, o_dev, o_nodes, o_lb, o_ub, o_unit, o_slots = cols
     running: list[int] = []  # offerings with replicas now
     o_have: list[int] = []  # replicas now, per offering
     freed: set[str] = set()  # models re-planned for a scale-down
@@ -290,6 +295,7 @@ def plan(
                 o_rps.append(cap)
                 o_dev.append(devices)
                 o_nodes.append(shape.nodes)
+                o_slots.append(shape.slots)
                 o_lb.append(lb)
                 o_ub.append(ub)
                 o_unit.append(unit)
@@ -308,6 +314,11 @@ def plan(
                         kept_cap -= o_lb[j] * o_rps[j]
                         kept_n -= o_lb[j]
                         o_lb[j] = 0
+            have_f: dict[str, int] = {}
+            for (_, f, _), n in cur.items():
+                have_f[f] = have_f.get(f, 0) + n
+            slots_f = {f: g.slots for (m, f), g in gangs.items() if m == name}
+            addable = _order_values(addable, rps - kept_cap, slots_f, have_f)
             rps, why[name] = _whole_best(rps, kept_cap, kept_n, spec.max_replicas, why[name], addable)
             rounded[name] = rps - d.rps
         needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
@@ -338,7 +349,9 @@ def plan(
             continue
         if n != have:
             changed.add(m)
-        entries.append(PlanEntry(m, f, ctv, n, have, gangs[(m, f)], n * o_usd[j], n * o_rps[j], why[m]))
+        # Replicas are priced as their share of a gang; the plan pays for the whole gangs they pack into.
+        g = gangs[(m, f)]
+        entries.append(PlanEntry(m, f, ctv, n, have, g, g.gangs_for(n) * g.slots * o_usd[j], n * o_rps[j], why[m]))
     # Replicas on offerings the catalog no longer has (flavor removed): plan them away, visibly.
     for k, have in sorted(current.items()):
         if k not in known and k[0] in catalog.models and (k[0], k[1]) in gangs:
@@ -405,7 +418,7 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
     H100 gangs for a floor 32 L40S nearly covered)."""
     spec = catalog.models[model]
     mix = _floor_mix(catalog, model, d)
-    offers, drain = [], {}
+    offers, drain, slots = [], {}, {}
     for fname, par in sorted(spec.parallelism.items()):
         cap = d.capacity.get(fname)
         if cap is None or not cap.feasible:
@@ -414,11 +427,15 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
         if isinstance(got, str):
             continue
         drain[fname] = drain_rps(catalog.profile(model, fname), mix, cap.batch)
+        slots[fname] = got[0].slots
         offers += [(fname, ct, price, cap.rps, True) for ct, _, price in got[1]]
-    value = {f: v for f, v in _flavor_values(catalog, offers).items() if drain.get(f, 0.0) > 0}
+    # Valued at what serving the demand on each flavor costs in whole gangs: a share of an 8-GPU node is
+    # cheap only for a fleet that fills it.
+    value = {f: v for v, _, f in _order_values([(v, r, f) for f, (v, r, _) in _flavor_values(catalog, offers).items()],
+                                               d.rps, slots, {}) if drain.get(f, 0.0) > 0}
     if not value:
         return d
-    best = min(value, key=lambda f: (value[f][0], f))
+    best = min(value, key=lambda f: (value[f], f))
     floor = d.burst_rps * d.capacity[best].rps / drain[best]
     if floor <= d.rps:
         return d
@@ -446,7 +463,7 @@ def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed
     lb = [min(v, ub[j]) for j, v in enumerate(offs.lb)]
     down = _solve(replace(problem, offerings=OfferingTable(
         offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb, ub,
-        offs.unit)), settings)
+        offs.unit, offs.slots)), settings)
     # Any model: on a flavor with a device limit, what the freed models keep may be what another one needed.
     worse = any(down.unmet_rps.get(m, 0.0) > sol.unmet_rps.get(m, 0.0) + RPS_TOLERANCE
                 or down.missing_min.get(m, 0) > sol.missing_min.get(m, 0)
@@ -494,6 +511,23 @@ def _flavor_values(catalog: Catalog, offers: list[tuple[str, CapacityType, float
     return out
 
 
+def _order_values(offers: list[tuple[float, float, str]], short: float, slots: dict[str, int],
+                  have: dict[str, int]) -> list[tuple[float, float, str]]:
+    """A scale-up's offers ($/h per req/s, req/s, flavor) valued at what the order costs: where a gang holds
+    several replicas, the new gangs that covering ``short`` req/s on that flavor alone needs (free slots on
+    its running gangs cost nothing), not its share of a full gang. Two H100 replicas cost a whole
+    p5.48xlarge; a share price would buy it for a demand a smaller flavor serves for less."""
+    out = []
+    for per_rps, rps, f in offers:
+        s, h = slots.get(f, 1), have.get(f, 0)
+        if s > 1 and short > 0:
+            n = max(math.ceil(short / rps - 1e-9), 1)
+            new_gangs = math.ceil((h + n) / s) - math.ceil(h / s)
+            per_rps = new_gangs * s * per_rps / n
+        out.append((per_rps, rps, f))
+    return out
+
+
 def _whole_best(need: float, have: float, replicas: int, max_replicas: int, why: str,
                 offers: list[tuple[float, float, str]]) -> tuple[float, str]:
     """A scale-up's order, rounded up to whole replicas of the model's best-value offering ($ per req/s,
@@ -533,14 +567,14 @@ def _converging(world: dict[Key, int], targets: dict[str, dict[Key, int]],
 
 def _offer_shape(catalog: Catalog, flavor: str, par: Parallelism
                  ) -> tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str:
-    """The gang of one replica (chosen at on-demand prices), its $/h per capacity type and its devices;
-    or why no instance type fits."""
+    """The gang of one replica (chosen at on-demand prices), a replica's $/h per capacity type (its share
+    of the gang: the gang's price / slots) and the gang's devices; or why no instance type fits."""
     fl = catalog.flavors[flavor]
     try:
         shape = gang_shape_for(catalog, flavor, par)
     except GangError as e:
         return str(e)
-    prices = [(ct, ct.value, shape.nodes * catalog.price(flavor, shape.instance_type, ct))
+    prices = [(ct, ct.value, shape.nodes * catalog.price(flavor, shape.instance_type, ct) / shape.slots)
               for ct in fl.capacity_types]
     return shape, prices, shape.nodes * fl.instance(shape.instance_type).devices
 
@@ -596,6 +630,7 @@ def _serve_rest_best_effort(catalog: Catalog, demands: dict[str, Demand], proble
                     offs.rps.append(0.0)
                     offs.devices.append(devices)
                     offs.nodes.append(shape.nodes)
+                    offs.slots.append(shape.slots)
                     for ints, v in ((offs.lb, 0), (offs.ub, 0), (offs.unit, units[(m, f)]), (have, 0)):
                         ints.append(v)
                 offs.rps[j] = cap.rps

@@ -24,17 +24,21 @@ RPS_TOLERANCE = 1e-3
 
 @dataclass(frozen=True)
 class Offering:
-    """One way to run a replica of a model: flavor, capacity type, the gang it needs and what it gives."""
+    """One way to run a replica of a model: flavor, capacity type, the gang it needs and what it gives.
+
+    A gang holds ``slots`` replicas (rayscale.core.gangs.GangShape.slots): a replica costs its share of the
+    gang, and NodePool limits count the whole gangs the replicas pack into."""
 
     model: str
     flavor: str
     capacity_type: CapacityType
-    usd_per_h: float  # the whole gang
+    usd_per_h: float  # one replica: the gang's price / slots
     rps: float  # capacity of one replica
     devices: int  # devices the gang's nodes carry (what NodePool limits count)
-    nodes: int
+    nodes: int  # nodes of one gang
     lb: int = 0
     ub: int = 10**6
+    slots: int = 1  # replicas one gang holds
 
 
 class OfferingTable(Sequence[Offering]):
@@ -44,17 +48,18 @@ class OfferingTable(Sequence[Offering]):
 
     def __init__(self, model: list[str], flavor: list[str], capacity_type: list[CapacityType],
                  usd_per_h: list[float], rps: list[float], devices: list[int], nodes: list[int], lb: list[int],
-                 ub: list[int], unit: list[int] | None = None) -> None:
+                 ub: list[int], unit: list[int] | None = None, slots: list[int] | None = None) -> None:
         self.model, self.flavor, self.capacity_type = model, flavor, capacity_type
         self.usd_per_h, self.rps, self.devices, self.nodes, self.lb, self.ub = usd_per_h, rps, devices, nodes, lb, ub
         self.unit = unit
+        self.slots = slots if slots is not None else [1] * len(model)
 
     def __len__(self) -> int:
         return len(self.model)
 
     def _item(self, j: int) -> Offering:
         return Offering(self.model[j], self.flavor[j], self.capacity_type[j], self.usd_per_h[j], self.rps[j],
-                        self.devices[j], self.nodes[j], self.lb[j], self.ub[j])
+                        self.devices[j], self.nodes[j], self.lb[j], self.ub[j], self.slots[j])
 
     @overload
     def __getitem__(self, j: int) -> Offering: ...
@@ -107,17 +112,27 @@ def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) ->
     the shortfall is settled lexicographically by priority, highest first (each level's unmet demand is
     minimised and then fixed), and the cost is minimised last, so "which model degrades first" is strict
     and never traded against dollars.
+
+    Packing: an offering whose gang holds several replicas (slots > 1) gets an integer gang count
+    g >= replicas / slots. The gangs carry its cost (a new node costs all of it; free slots of a gang that
+    runs cost nothing) and the NodePool limits count their nodes; its replicas cost only a tie-break that
+    keeps them as few as cover the demand.
     """
     offs = list(p.offerings)
     needs = list(p.needs)
     nx, nm = len(offs), len(needs)
+    packed = [j for j, o in enumerate(offs) if o.slots > 1]
+    ng = len(packed)
+    gvar = {j: nx + 2 * nm + i for i, j in enumerate(packed)}
     midx = {n.model: i for i, n in enumerate(needs)}
     max_cap = max((o.rps for o in offs), default=1.0) or 1.0
     # Tie-break towards more capacity among equal-cost plans: keeps capacity monotone in demand.
-    cost = np.array([o.usd_per_h - 1e-6 * o.rps / max_cap for o in offs])
-    # Unmet demand below 1e-3 req/s is noise; above it, it must outweigh buying any replica.
-    big = 10.0 / RPS_TOLERANCE * max((o.usd_per_h for o in offs), default=1.0) + 1.0
-    nv = nx + 2 * nm  # x: replicas per offering (integer); s: unmet rps per model; t: missing min replicas
+    cost = np.array([1e-6 if o.slots > 1 else o.usd_per_h - 1e-6 * o.rps / max_cap for o in offs])
+    gang_cost = np.array([offs[j].usd_per_h * offs[j].slots for j in packed])
+    # Unmet demand below 1e-3 req/s is noise; above it, it must outweigh buying any gang.
+    big = 10.0 / RPS_TOLERANCE * max((o.usd_per_h * o.slots for o in offs), default=1.0) + 1.0
+    # x: replicas per offering (integer); s: unmet rps per model; t: missing min replicas; g: gangs (integer)
+    nv = nx + 2 * nm + ng
     rows: list[int] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -141,23 +156,25 @@ def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) ->
         row([(j, offs[j].rps) for j in js] + [(nx + i, 1.0)], max(0.0, n.rps - RPS_TOLERANCE), np.inf)
         row([(j, 1.0) for j in js] + [(nx + nm + i, 1.0)], n.min_replicas, np.inf)
         row([(j, 1.0) for j in js], 0, n.max_replicas)
+    for j in packed:
+        row([(gvar[j], float(offs[j].slots)), (j, -1.0)], 0.0, np.inf)
     for f, lim in p.device_limits.items():
         js = [j for j, o in enumerate(offs) if o.flavor == f]
         if js:
-            row([(j, float(offs[j].devices)) for j in js], -np.inf, lim)
+            row([(gvar.get(j, j), float(offs[j].devices)) for j in js], -np.inf, lim)
     for f, lim in p.node_limits.items():
         js = [j for j, o in enumerate(offs) if o.flavor == f]
         if js:
-            row([(j, float(offs[j].nodes)) for j in js], -np.inf, lim)
+            row([(gvar.get(j, j), float(offs[j].nodes)) for j in js], -np.inf, lim)
     for i in range(nm):
         for f, share in p.spot_share.items():
             js = [j for j in by_model[i] if offs[j].flavor == f]
             spot = [j for j in js if offs[j].capacity_type == CapacityType.SPOT]
             if spot:
                 row([(j, (1 - share) if j in spot else -share) for j in js], -np.inf, 0.0)
-    lb = np.concatenate([np.array([o.lb for o in offs], dtype=float), np.zeros(2 * nm)])
-    ub = np.concatenate([np.array([o.ub for o in offs], dtype=float), np.full(2 * nm, np.inf)])
-    integrality = np.concatenate([np.ones(nx), np.zeros(2 * nm)])
+    lb = np.concatenate([np.array([o.lb for o in offs], dtype=float), np.zeros(2 * nm + ng)])
+    ub = np.concatenate([np.array([o.ub for o in offs], dtype=float), np.full(2 * nm + ng, np.inf)])
+    integrality = np.concatenate([np.ones(nx), np.zeros(2 * nm), np.ones(ng)])
 
     a = coo_array((vals, (rows, cols)), shape=(len(lo), nv)).tocsr()
     cons = LinearConstraint(a, lo, hi)
@@ -172,8 +189,8 @@ def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) ->
         return np.asarray(res.x)
 
     zeros_m = np.zeros(nm)
-    x = run(np.concatenate([cost, np.full(nm, big), np.full(nm, big * 1e3)]))
-    if x[nx:].max(initial=0.0) > RPS_TOLERANCE:
+    x = run(np.concatenate([cost, np.full(nm, big), np.full(nm, big * 1e3), gang_cost]))
+    if x[nx:nx + 2 * nm].max(initial=0.0) > RPS_TOLERANCE:
         # Limits bind: settle shortfalls by priority, then cost.
         for prio in sorted({n.priority for n in needs}, reverse=True):
             level = [i for i, n in enumerate(needs) if n.priority == prio]
@@ -184,7 +201,7 @@ def solve_exact(p: Problem, rel_gap: float = 1e-7, time_limit_s: float = 5.0) ->
             for i in level:
                 ub[nx + i] = max(x[nx + i], 0.0) + 1e-6
                 ub[nx + nm + i] = max(x[nx + nm + i], 0.0) + 1e-6
-        x = run(np.concatenate([cost, zeros_m, zeros_m]), x)
+        x = run(np.concatenate([cost, zeros_m, zeros_m, gang_cost]), x)
     counts = {j: int(v) for j, v in enumerate(np.round(x[:nx]).astype(int)) if v > 0}
     return _finish(p, counts, "exact")
 
@@ -195,7 +212,7 @@ def _finish(p: Problem, counts: dict[int, int], method: str) -> Solution:
     for j, k in counts.items():
         o = p.offerings[j]
         cap[o.model] += k * o.rps
-        cost += k * o.usd_per_h
+        cost += -(-k // o.slots) * o.slots * o.usd_per_h  # whole gangs
     unmet = {n.model: n.rps - cap[n.model] for n in p.needs if cap[n.model] < n.rps - RPS_TOLERANCE}
     have: dict[str, int] = {n.model: 0 for n in p.needs}
     for j, k in counts.items():
@@ -216,13 +233,14 @@ class _Units:
     """Offerings grouped into units: one (model, flavor) with its on-demand and spot offering, priced jointly.
 
     n replicas of a unit put k of them on spot, k as large as the share, the bounds and the on-demand lower
-    bound allow when spot is cheaper (as small as allowed otherwise); the rest run on-demand.
+    bound allow when spot is cheaper (as small as allowed otherwise); the rest run on-demand. Each part pays
+    for the whole gangs it packs into (``slots`` replicas per gang).
     """
 
     need: np.ndarray  # need index per unit
     flavor: list[str]
     r: np.ndarray  # rps per replica
-    dev: np.ndarray
+    dev: np.ndarray  # a replica's share of its gang's devices and nodes
     nodes: np.ndarray
     c_o: np.ndarray  # $/h per replica, on-demand (0 where the unit has none; then ub_o = 0)
     c_s: np.ndarray
@@ -233,6 +251,7 @@ class _Units:
     ub_s: np.ndarray
     j_o: list[int]  # offering index, -1 when absent
     j_s: list[int]
+    slots: np.ndarray  # replicas per gang
 
     @property
     def n0(self) -> np.ndarray:
@@ -251,7 +270,9 @@ class _Units:
     def cost(self, u: np.ndarray, n: np.ndarray) -> np.ndarray:
         """$/h of n replicas of units u; inf where no split of n meets the bounds and the spot share."""
         k, ok = self.spot_count(u, n)
-        return np.where(ok, (n - k) * self.c_o[u] + k * self.c_s[u], np.inf)
+        sl = self.slots[u]
+        od, sp = np.ceil((n - k) / sl - 1e-9) * sl, np.ceil(k / sl - 1e-9) * sl
+        return np.where(ok, od * self.c_o[u] + sp * self.c_s[u], np.inf)
 
 
 def _units(p: Problem) -> _Units:
@@ -261,7 +282,7 @@ def _units(p: Problem) -> _Units:
     if isinstance(offs, OfferingTable):
         model, flavor, ct = offs.model, offs.flavor, offs.capacity_type
         usd, rps, dev, nodes, lb, ub = offs.usd_per_h, offs.rps, offs.devices, offs.nodes, offs.lb, offs.ub
-        unit = offs.unit
+        unit, slots = offs.unit, offs.slots
     else:
         model = [o.model for o in offs]
         flavor = [o.flavor for o in offs]
@@ -269,7 +290,7 @@ def _units(p: Problem) -> _Units:
         usd, rps = [o.usd_per_h for o in offs], [o.rps for o in offs]
         dev, nodes = [o.devices for o in offs], [o.nodes for o in offs]
         lb, ub = [o.lb for o in offs], [o.ub for o in offs]
-        unit = None
+        unit, slots = None, [o.slots for o in offs]
     is_spot = np.fromiter((c == spot for c in ct), dtype=bool, count=len(ct))
     if unit is None:  # group (model, flavor, rps, devices, nodes); a duplicate gets a unit of its own
         index: dict[tuple[str, str, float, int, int], int] = {}
@@ -302,9 +323,11 @@ def _units(p: Problem) -> _Units:
         cols[name] = (c, lo, hi, j_of.tolist())
     uflavor = [flavor[j] for j in first.tolist()]
     share = f([p.spot_share.get(fl, 1.0) for fl in uflavor])  # no entry: the exact solver adds no share row
+    # Limits count a replica's share of its gang here (exact for full gangs; the MILP counts whole gangs).
+    per = f(slots)[first]
     return _Units(np.array([need_idx[model[j]] for j in first.tolist()], dtype=np.int64), uflavor,
-                  f(rps)[first], f(dev)[first], f(nodes)[first], cols["o"][0], cols["s"][0], share,
-                  cols["o"][1], cols["o"][2], cols["s"][1], cols["s"][2], cols["o"][3], cols["s"][3])
+                  f(rps)[first], f(dev)[first] / per, f(nodes)[first] / per, cols["o"][0], cols["s"][0], share,
+                  cols["o"][1], cols["o"][2], cols["s"][1], cols["s"][2], cols["o"][3], cols["s"][3], per)
 
 
 def solve_greedy(p: Problem) -> Solution:
@@ -433,11 +456,11 @@ def solve_greedy(p: Problem) -> Solution:
         if f in dev_left:
             n = min(n, max(dev_left[f], 0.0) // max(U.dev[u], 1.0))
         if f in node_left:
-            n = min(n, max(node_left[f], 0.0) // max(U.nodes[u], 1.0))
+            n = min(n, (max(node_left[f], 0.0) + 1e-9) // max(U.nodes[u], 1e-9))
         return n
 
     # Scalar twins of _Units.spot_count/cost (same rules) for the per-model fallbacks below.
-    L = {k: getattr(U, k).tolist() for k in ("lb_o", "ub_o", "lb_s", "ub_s", "share", "c_o", "c_s")}
+    L = {k: getattr(U, k).tolist() for k in ("lb_o", "ub_o", "lb_s", "ub_s", "share", "c_o", "c_s", "slots")}
 
     def split(u: int, n: float) -> tuple[float, bool]:
         lb_o, ub_o, lb_s = L["lb_o"][u], L["ub_o"][u], L["lb_s"][u]
@@ -452,7 +475,9 @@ def solve_greedy(p: Problem) -> Solution:
 
     def unit_cost(u: int, n: float) -> float:
         k, ok = split(u, n)
-        return (n - k) * L["c_o"][u] + k * L["c_s"][u] if ok else math.inf
+        sl = L["slots"][u]
+        whole = lambda m: math.ceil(m / sl - 1e-9) * sl  # noqa: E731
+        return whole(n - k) * L["c_o"][u] + whole(k) * L["c_s"][u] if ok else math.inf
 
     mine: dict[int, list[int]] = {}
     for u in range(nu):
@@ -475,7 +500,7 @@ def solve_greedy(p: Problem) -> Solution:
             if f in dev_left:
                 lim = min(lim, max(dev_left[f] - used_d.get(f, 0.0), 0.0) // max(U.dev[u], 1.0))
             if f in node_left:
-                lim = min(lim, max(node_left[f] - used_n.get(f, 0.0), 0.0) // max(U.nodes[u], 1.0))
+                lim = min(lim, (max(node_left[f] - used_n.get(f, 0.0), 0.0) + 1e-9) // max(U.nodes[u], 1e-9))
             a = lim
             while a > 0 and not feasible_n(u, base[u] + a):
                 a -= 1

@@ -81,7 +81,9 @@ def step(ctx: StepContext) -> StepResult:
     current: dict[Key, int] = {}
     for g in ctx.gangs:
         if g.phase != GangPhase.FAILED:
-            current[g.key] = current.get(g.key, 0) + 1
+            # The plan counts replicas: a gang holds as many as Serve runs on it (several on a packed node),
+            # and at least the one it was ordered for.
+            current[g.key] = current.get(g.key, 0) + max(g.serving, 1)
     unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
     result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner)
     actions: tuple[Action, ...] = ()

@@ -8,6 +8,14 @@ actuator then backs that zone off and retries the gang in another zone (rayscale
 Spot nodes get interrupted as a Poisson process with a 2-minute notice: the replica drains at the notice
 and whatever it still runs fails when the node goes away.
 
+The policies' own path (``set_target``) runs one replica per gang. Named gangs (the provider interface's,
+rayscale.sim.provider) host up to their shape's ``slots`` Serve replicas (eight TP=1 on a p5.48xlarge). New
+replicas fill gangs that already serve first (Serve's pack strategy, RAY_SERVE_USE_PACK_SCHEDULING_STRATEGY;
+its default spreads, which act's gang count bounds the same way), and a scale-down stops what Serve stops:
+starting replicas first, then those on the gangs with the fewest replicas
+(``DeploymentScheduler._get_replicas_to_stop`` in ray/serve/_private/deployment_scheduler.py), so whole gangs
+empty for the controller to release.
+
 Events are few (a handful per replica), so they are plain Python objects in one heap; the engine is the
 part that must be vectorised. Everything random is drawn from one seeded generator in event order.
 """
@@ -76,7 +84,7 @@ class ActuatorConfig:
 class GangState(StrEnum):
     WAITING = "waiting"  # decided, NodeClaims not created yet (provision delay / Karpenter batch)
     PROVISIONING = "provisioning"  # nodes launching
-    READY = "ready"  # every node up, no replica on it (a gang the controller created, before Serve places one)
+    READY = "ready"  # every node up (a named gang: its Serve replicas, if any, are in Gang.replicas)
     FAILED = "failed"  # a named gang the cloud gave up on (capacity error): nodes gone, until the controller deletes it
     STARTING = "starting"  # all nodes Ready, replica loading the model
     LIVE = "live"
@@ -102,6 +110,17 @@ class Node:
 
 
 @dataclass
+class Replica:
+    """A Serve replica on a named gang: STARTING, LIVE or DRAINING while it holds its devices."""
+
+    id: int
+    gang: int
+    state: GangState
+    t_start: float
+    engine_rid: int | None = None
+
+
+@dataclass
 class Gang:
     id: int
     flavor: str
@@ -121,6 +140,7 @@ class Gang:
     failed: str = ""  # why the cloud gave up on it
     deleted: bool = False  # the controller deleted it; it only finishes draining
     t_phase: float = 0.0  # when it entered its current phase (the controller's launch timeout counts from it)
+    replicas: list[Replica] = field(default_factory=list)  # a named gang's Serve replicas (at most shape.slots)
 
 
 @dataclass(frozen=True)
@@ -170,6 +190,8 @@ class Cluster:
         self._stopped: list[int] = []
         self.serve_target: dict[str, int] = {}  # named gangs: Serve's replica target per flavor
         self.by_name: dict[str, Gang] = {}
+        self.replicas: dict[int, Replica] = {}  # named gangs' replicas by id
+        self._rdraining: set[int] = set()
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
@@ -212,14 +234,16 @@ class Cluster:
         return out
 
     def live_by_flavor(self) -> dict[str, int]:
+        """Live replicas per flavor: one per live gang of the policies' path, each live replica of a named gang."""
         out: dict[str, int] = {}
         for g in self.gangs.values():
-            if g.state == GangState.LIVE:
-                out[g.flavor] = out.get(g.flavor, 0) + 1
+            n = 1 if g.state == GangState.LIVE else sum(1 for r in g.replicas if r.state == GangState.LIVE)
+            if n:
+                out[g.flavor] = out.get(g.flavor, 0) + n
         return out
 
     def live_count(self) -> int:
-        return sum(1 for g in self.gangs.values() if g.state == GangState.LIVE)
+        return sum(self.live_by_flavor().values())
 
     def usd_per_h(self) -> float:
         return sum(n.usd_per_h for n in self.nodes.values() if n.t_end is None)
@@ -378,6 +402,8 @@ class Cluster:
             return
         if g.engine_rid is not None and g.state in (GangState.LIVE, GangState.DRAINING):
             self.engine.kill(g.engine_rid, now)
+        for r in list(g.replicas):
+            self._forget(r, now)
         g.state = GangState.STOPPED
         self._stopped.append(g.id)
         if g.name is not None:
@@ -410,23 +436,8 @@ class Cluster:
         self._closed_idle_h += h - node.serving_s / 3600.0
 
     def _drained(self, g: Gang, now: float) -> None:
-        """A replica that finished (or timed out) draining: its nodes go, or, for a gang the controller
-        still holds, stay up without a replica until it is deleted or given one."""
-        if g.name is None or g.deleted or g.failed:
-            self._stop(g, now)
-            return
-        self._unserve(g, now)
-        g.state, g.t_phase = GangState.READY, now
-        self._place(g.flavor, now)
-
-    def _unserve(self, g: Gang, now: float) -> None:
-        if g.engine_rid is not None:
-            self.engine.kill(g.engine_rid, now)
-            g.engine_rid = None
-        for node in g.nodes:
-            if node.serve_since is not None:
-                node.serving_s += now - node.serve_since
-                node.serve_since = None
+        """A replica of the policies' path that finished (or timed out) draining: its nodes go."""
+        self._stop(g, now)
 
     # --- the provider interface's side (named gangs; rayscale.sim.provider) --------------------------
 
@@ -447,10 +458,7 @@ class Cluster:
         if g is None:
             return
         g.deleted = True
-        if g.state == GangState.LIVE:
-            self._remove(g, now)  # drains, then _drained stops it
-        elif g.state != GangState.DRAINING:
-            self._stop(g, now)
+        self._unplace(g, now)  # live replicas drain, then _replica_drained stops the gang
         self._place(g.flavor, now)
 
     def set_serve_target(self, flavor: str, n: int, now: float, instant: bool = False) -> None:
@@ -462,22 +470,97 @@ class Cluster:
         return list(self.by_name.values())
 
     def _place(self, flavor: str, now: float, instant: bool = False) -> None:
-        """Serve's replicas of this flavor follow its target: new ones go onto ready gangs without one (oldest
-        first), surplus ones stop (starting ones first, then the least busy live ones drain)."""
+        """Serve's replicas of this flavor follow its target. New ones fill free slots of ready gangs, those
+        that already serve first (fullest first), then empty ones (oldest first). Surplus ones stop as Serve
+        picks them: starting ones first (newest first), then live ones on the gangs with the fewest live
+        replicas, newest first; live ones drain."""
         want = self.serve_target.get(flavor, 0)
-        held = [g for g in self.named() if g.flavor == flavor and not g.failed]
-        serving = [g for g in held if g.state in (GangState.STARTING, GangState.LIVE)]
-        free = sorted((g for g in held if g.state == GangState.READY), key=lambda g: (g.t_phase, g.id))
-        for g in free[: max(want - len(serving), 0)]:
-            self._start_replica(g, now, instant)
-        if len(serving) > want:
-            serving.sort(key=lambda g: (g.state == GangState.LIVE, -g.t_created if g.state != GangState.LIVE
-                                        else self.engine.running(g.engine_rid or 0), g.id))
-            for g in serving[: len(serving) - want]:
-                if g.state == GangState.LIVE:
-                    self._remove(g, now)
-                else:
-                    g.state, g.t_phase = GangState.READY, now  # its "live" event finds it not starting
+        held = [g for g in self.named() if g.flavor == flavor and not g.failed and g.state == GangState.READY]
+        active = [r for g in held for r in g.replicas if r.state in (GangState.STARTING, GangState.LIVE)]
+        add = want - len(active)
+        if add > 0:
+            for g in sorted(held, key=lambda g: (-len(g.replicas), g.t_phase, g.id)):
+                while add > 0 and len(g.replicas) < g.shape.slots:
+                    self._start_on(g, now, instant)
+                    add -= 1
+            return
+        live_on = {g.id: sum(1 for r in g.replicas if r.state == GangState.LIVE) for g in held}
+        starting = sorted((r for r in active if r.state == GangState.STARTING), key=lambda r: (-r.t_start, -r.id))
+        live = sorted((r for r in active if r.state == GangState.LIVE),
+                      key=lambda r: (live_on[r.gang], r.gang, -r.t_start, -r.id))
+        for r in (starting + live)[: max(-add, 0)]:
+            self._stop_replica(r, now)
+
+    def _unplace(self, g: Gang, now: float, linger: bool = True) -> None:
+        """Every replica of a gang that goes (deleted, or failed by the cloud) stops; the gang with it, once
+        no replica drains on it any more."""
+        for r in list(g.replicas):
+            self._stop_replica(r, now)
+        if not g.replicas and g.state != GangState.STOPPED:
+            self._stop(g, now, linger)
+
+    def _start_on(self, g: Gang, now: float, instant: bool = False) -> None:
+        r = Replica(self._id(), g.id, GangState.STARTING, now)
+        g.replicas.append(r)
+        self.replicas[r.id] = r
+        prof = self.catalog.profile(self.model, g.flavor)
+        delay = 0.0 if instant else self._lognormal(prof.startup_s, self.cloud.replica_startup_sigma)
+        if delay <= 0:
+            self._replica_live(r, now)
+        else:
+            self._push(now + delay, "replica_live", r.id)
+
+    def _replica_live(self, r: Replica, now: float) -> None:
+        g = self.gangs.get(r.gang)
+        if r.state != GangState.STARTING or g is None:
+            return
+        r.state = GangState.LIVE
+        r.engine_rid = self.engine.add_replica(self.catalog.profile(self.model, g.flavor),
+                                               self.flavors.index(g.flavor), self.slot_cap)
+        if g.t_live is None:
+            g.t_live = now
+        for node in g.nodes:
+            if node.serve_since is None:
+                node.serve_since = now
+
+    def _stop_replica(self, r: Replica, now: float) -> None:
+        """Serve stops a replica: a live one drains (its requests finish), a starting one is cancelled."""
+        if r.state == GangState.LIVE:
+            assert r.engine_rid is not None
+            r.state = GangState.DRAINING
+            self.engine.drain(r.engine_rid)
+            self._rdraining.add(r.id)
+            self._push(now + self.act.drain_timeout_s, "replica_drain_timeout", r.id)
+        elif r.state == GangState.STARTING:
+            self._forget(r, now)
+
+    def _forget(self, r: Replica, now: float) -> None:
+        """A replica gone from its gang (stopped, drained or killed with its nodes)."""
+        if r.engine_rid is not None and r.state in (GangState.LIVE, GangState.DRAINING):
+            self.engine.kill(r.engine_rid, now)
+        r.state = GangState.STOPPED
+        self.replicas.pop(r.id, None)
+        self._rdraining.discard(r.id)
+        g = self.gangs.get(r.gang)
+        if g is None:
+            return
+        g.replicas.remove(r)
+        if not any(x.state in (GangState.LIVE, GangState.DRAINING) for x in g.replicas):
+            for node in g.nodes:
+                if node.serve_since is not None:
+                    node.serving_s += now - node.serve_since
+                    node.serve_since = None
+
+    def _replica_drained(self, r: Replica, now: float) -> None:
+        self._forget(r, now)
+        g = self.gangs.get(r.gang)
+        if g is None:
+            return
+        if g.deleted or g.failed:
+            if not g.replicas:
+                self._stop(g, now)
+            return
+        self._place(g.flavor, now)  # its devices are free again for Serve's target
 
     # --- the clock ------------------------------------------------------------------------------
 
@@ -495,6 +578,13 @@ class Cluster:
                 elif g.engine_rid is not None and self.engine.idle(g.engine_rid):
                     self._drained(g, now)
                     self._draining.discard(gid)
+        if self._rdraining:
+            for rid in sorted(self._rdraining):
+                r = self.replicas.get(rid)
+                if r is None or r.state != GangState.DRAINING:
+                    self._rdraining.discard(rid)
+                elif r.engine_rid is not None and self.engine.idle(r.engine_rid):
+                    self._replica_drained(r, now)
         if self._stopped:
             for gid in self._stopped:
                 self.gangs.pop(gid, None)
@@ -528,6 +618,14 @@ class Cluster:
             g = self.gangs.get(obj)
             if g is not None:
                 self._go_live(g, t)
+        elif kind == "replica_live":
+            r = self.replicas.get(obj)
+            if r is not None:
+                self._replica_live(r, t)
+        elif kind == "replica_drain_timeout":
+            r = self.replicas.get(obj)
+            if r is not None and r.state == GangState.DRAINING:
+                self._replica_drained(r, t)
         elif kind == "ice":
             g = self.gangs.get(obj)
             if g is None or g.state != GangState.PROVISIONING:
@@ -551,7 +649,11 @@ class Cluster:
             g = self.gangs.get(node.gang) if node.gang is not None else None
             if g is not None and g.name is not None:
                 g.failed = f"spot interruption notice for {node.id}"
-            if g is not None:
+                if g.state == GangState.READY:
+                    self._unplace(g, t, linger=False)  # its replicas drain until the node goes
+                elif g.state == GangState.PROVISIONING:
+                    self._stop(g, t, linger=False)
+            elif g is not None:
                 if g.state == GangState.LIVE:
                     g.state = GangState.DRAINING
                     self._draining.add(g.id)

@@ -176,8 +176,8 @@ class RayscalePolicy(Policy):
                 if isinstance(a, CreateGang):
                     sim.cluster.create_named(a.name, a.flavor, a.capacity_type, a.zone, now, warm=True)
             for f in {a.flavor for a in result.actions if isinstance(a, CreateGang)}:
-                n = sum(1 for g in sim.cluster.named() if g.flavor == f)
-                sim.cluster.set_serve_target(f, n, now, instant=True)
+                room = sum(g.shape.slots for g in sim.cluster.named() if g.flavor == f)
+                sim.cluster.set_serve_target(f, min(result.plan.replicas(sim.model, f), room), now, instant=True)
             return
         if any(isinstance(a, CreateGang) for a in result.actions):
             sim.cluster.scale_up_events += 1

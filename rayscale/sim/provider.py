@@ -4,7 +4,8 @@ It implements ``rayscale.cluster.actuator.Actuator`` over ``rayscale.sim.cloud.C
 Serve side the controller reads and sets (``ServeView``, ``set_replicas``), so the simulator runs the product's
 own ``rayscale.core.step.step`` and applies its actions the way the controller does
 (``rayscale.cluster.actuator.apply_actions``): launch timeouts, back-offs, make-before-break and drain order
-are the product's, not a second copy.
+are the product's, not a second copy. A gang reports as ``serving`` the Serve replicas on it (a packed gang
+holds up to its shape's slots; rayscale.sim.cloud places them as Serve does).
 
 What the cloud does on its own follows Karpenter's AWS provider: a capacity error fails the gang (the claim
 is deleted; the controller backs the zone off and replaces it), a spot interruption notice fails it too
@@ -18,7 +19,6 @@ from rayscale.core.step import ServeView
 from rayscale.sim.cloud import Cluster, GangState
 
 _PENDING = (GangState.WAITING, GangState.PROVISIONING)
-_WITH_REPLICA = (GangState.STARTING, GangState.LIVE, GangState.DRAINING)
 
 
 class SimProvider:
@@ -37,7 +37,7 @@ class SimProvider:
             out.append(Gang(
                 name=g.name, model=self.model, flavor=g.flavor, capacity_type=g.capacity_type, zone=g.zone or "",
                 instance_type=g.shape.instance_type, nodes=g.shape.nodes, phase=phase, created_s=g.t_created,
-                serving=1 if g.state in _WITH_REPLICA else 0, reason=g.failed,
+                serving=len(g.replicas), reason=g.failed,
                 node_ids=tuple(str(n.id) for n in g.nodes if n.t_ready is not None),
             ))
         return out
@@ -53,12 +53,10 @@ class SimProvider:
 
     def serve_view(self) -> ServeView:
         running: dict[tuple[str, str], int] = {}
-        for g in self.cluster.named():
-            if g.state in _WITH_REPLICA:
-                running[(self.model, g.flavor)] = running.get((self.model, g.flavor), 0) + 1
-        for g in self.cluster.gangs.values():  # drained by a delete: still running until it finishes
-            if g.name is not None and g.deleted and g.state == GangState.DRAINING:
-                running[(self.model, g.flavor)] = running.get((self.model, g.flavor), 0) + 1
+        # Every replica Serve still runs, those draining on a deleted gang included (until they finish).
+        for g in self.cluster.gangs.values():
+            if g.name is not None and g.replicas:
+                running[(self.model, g.flavor)] = running.get((self.model, g.flavor), 0) + len(g.replicas)
         target = {(self.model, f): n for f, n in self.cluster.serve_target.items()}
         return ServeView(target, running)
 

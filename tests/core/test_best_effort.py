@@ -64,13 +64,15 @@ def test_no_flavor_meets_the_slo_yet_the_demand_is_served_and_reported() -> None
 
 def test_the_issue_load_on_the_full_catalog_serves_what_limits_leave_best_effort() -> None:
     # H100 meets the SLO once the tail past max_model_len is cut, but its NodePool limit caps it: the
-    # rest runs best effort on the other flavors instead of failing.
-    d = estimate(FULL, _sig(3.4))[M]
+    # rest runs best effort on the other flavors instead of failing. Eight TP=1 replicas pack one
+    # p5.48xlarge, so the cap is one node and the load more than its eight replicas serve.
+    cat = _limit(FULL, "h100", 8)
+    d = estimate(cat, _sig(8.0))[M]
     assert d.capacity["h100"].feasible and not d.best_effort and d.fallback["l40s"].rps > 0
-    p, _ = plan(FULL, {M: d}, RUNNING)
-    limit = FULL.flavors["h100"].limits.devices
-    assert limit is not None and 0 < p.replicas(M, "h100") * 8 <= limit
-    assert sum(e.rps_capacity for e in p.entries) >= 3.4 - 1e-3
+    p, _ = plan(cat, {M: d}, RUNNING)
+    h100 = [e for e in p.entries if e.flavor == "h100"]
+    assert p.replicas(M, "h100") == 8 and sum(e.nodes for e in h100) * 8 <= 8
+    assert sum(e.rps_capacity for e in p.entries) >= 8.0 - 1e-3
     (s,) = p.shortfalls
     assert s.best_effort and s.unmet_rps == 0 and "cannot cover the demand within limits" in s.reason
 

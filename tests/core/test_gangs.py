@@ -25,13 +25,13 @@ def _with(cat: Catalog, model: str, flavor: str, tp: int, pp: int = 1) -> Catalo
     [
         ("a10g", 1, 1, GangShape("g5.xlarge", 1, 1, 1, 1)),
         ("a10g", 4, 1, GangShape("g5.12xlarge", 1, 4, 4, 1)),  # never four g5.xlarge
-        ("a10g", 2, 1, GangShape("g5.12xlarge", 1, 2, 2, 1)),
+        ("a10g", 2, 1, GangShape("g5.12xlarge", 1, 2, 2, 1, slots=2)),  # two TP=2 replicas share it
         ("a10g", 4, 2, GangShape("g5.12xlarge", 2, 4, 4, 2)),  # two g5.12xlarge cost less than one g5.48xlarge
         ("a10g", 8, 1, GangShape("g5.48xlarge", 1, 8, 8, 1)),
         ("a100", 8, 2, GangShape("p4d.24xlarge", 2, 8, 8, 2)),  # PP=2 x TP=8: two p4d.24xlarge
         ("a100", 4, 2, GangShape("p4d.24xlarge", 1, 8, 4, 2)),  # both stages fit one node
         ("inf2", 2, 1, GangShape("inf2.xlarge", 1, 1, 2, 1)),  # TP counts NeuronCores: 2 = one chip
-        ("inf2", 8, 1, GangShape("inf2.48xlarge", 1, 4, 8, 1)),
+        ("inf2", 8, 1, GangShape("inf2.48xlarge", 1, 4, 8, 1, slots=3)),
         ("trn1", 32, 1, GangShape("trn1.32xlarge", 1, 16, 32, 1)),
     ],
 )

@@ -113,3 +113,48 @@ def test_spot_is_cheaper_and_billing_stops_at_release():
     od = CAT.price("a10g", "g5.xlarge", "on-demand")
     assert tot.cost_usd < 2 * od and tot.cost_usd > od
     assert tot.node_hours <= 2.0
+
+
+def test_named_gangs_pack_serve_replicas_fill_running_gangs_and_stop_starting_then_emptiest():
+    # mistral-7b on h100: eight TP=1 replicas share one p5.48xlarge (a named gang of the provider path).
+    cl, eng = cluster("mistral-7b", ("h100",))
+    cl.create_named("g0", "h100", "on-demand", "us-east-1a", 0.0)
+    t = run_until(cl, 3000, dt=10.0)
+    g0 = cl.by_name["g0"]
+    assert g0.state == GangState.READY and g0.shape.slots == 8
+    cl.set_serve_target("h100", 3, t)
+    t = run_until(cl, t + 3000, dt=10.0, t=t)
+    assert cl.live_by_flavor() == {"h100": 3} and eng.nr == 3 and len(cl.nodes) == 1
+    cl.create_named("g1", "h100", "on-demand", "us-east-1a", t)
+    t = run_until(cl, t + 3000, dt=10.0, t=t)
+    g1 = cl.by_name["g1"]
+    cl.set_serve_target("h100", 10, t)  # the running gang's five free slots first, then the empty gang
+    assert (len(g0.replicas), len(g1.replicas)) == (8, 2)
+    cl.set_serve_target("h100", 7, t)  # Serve stops replicas still starting first, newest first
+    assert (len(g0.replicas), len(g1.replicas)) == (7, 0)
+    assert sum(r.state == GangState.LIVE for r in g0.replicas) == 3
+    cl.delete_named("g1", t)  # nothing on it: its node goes at once
+    assert cl.usd_per_h() == CAT.price("h100", "p5.48xlarge", "on-demand")
+    t = run_until(cl, t + 3000, dt=10.0, t=t)
+    assert cl.live_by_flavor() == {"h100": 7}
+    cl.set_serve_target("h100", 0, t)  # live replicas drain (idle: at the next step), the gang stays held
+    cl.advance(t + 1.0)
+    assert g0.replicas == [] and cl.live_count() == 0 and g0.state == GangState.READY
+    cl.delete_named("g0", t + 2.0)
+    assert cl.usd_per_h() == 0.0 and all(n.t_end is not None for n in cl.nodes.values())
+
+
+def test_deleting_a_packed_gang_drains_every_replica_before_its_node_goes():
+    from rayscale.sim.provider import SimProvider
+
+    cl, _ = cluster("mistral-7b", ("h100",))
+    prov = SimProvider(cl, "mistral-7b")
+    cl.create_named("g0", "h100", "on-demand", "us-east-1a", 0.0, warm=True)
+    cl.set_serve_target("h100", 4, 0.0, instant=True)
+    assert [g.serving for g in prov.gangs(0.0)] == [4]
+    cl.delete_named("g0", 1.0)
+    # Serve still runs the four draining replicas (counted until they finish); the node is still billed.
+    assert prov.serve_view().running == {("mistral-7b", "h100"): 4} and prov.gangs(1.0) == []
+    assert cl.usd_per_h() > 0
+    cl.advance(2.0)  # idle: drained
+    assert prov.serve_view().running == {} and cl.usd_per_h() == 0.0
