@@ -490,6 +490,8 @@ NAMESPACE_RULES: list[Obj] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "update"]},
     {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["get"]},  # --rayservice: follow its cluster
+    # One writer among the Deployment's replicas (rayscale.cluster.kube.lease).
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update"]},
 ]
 
 
@@ -534,8 +536,9 @@ def render_controller(settings: RenderSettings) -> dict[str, list[Obj]]:
                 "kind": "Deployment",
                 "metadata": {"name": name, "namespace": ns, "labels": labels},
                 "spec": {
-                    "replicas": 1,  # one writer; a restart rebuilds everything from labels
-                    "strategy": {"type": "Recreate"},
+                    # Two: one acts (it holds the Lease), the other waits to take over; a restart rebuilds
+                    # everything from labels.
+                    "replicas": 2,
                     "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
                     "template": {
                         "metadata": {"labels": labels},
@@ -551,6 +554,9 @@ def render_controller(settings: RenderSettings) -> dict[str, list[Obj]]:
                                     "name": "controller",
                                     "image": settings.image,
                                     "command": ["rayscale", "controller"],
+                                    # The Lease holder's identity (client-go uses the pod name too).
+                                    "env": [{"name": "POD_NAME",
+                                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
                                     "args": [
                                         "--actuator", "kube",
                                         "--namespace", ns,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rayscale.commands.plan import add_catalog_args, catalog_from_args
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     term = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: term.set())
     actuator: Actuator
+    leader: Callable[[], bool] | None = None  # Kubernetes: the replica holding the Lease acts
     if args.actuator == "local":
         from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster, LocalClusterError
         from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
@@ -122,11 +126,15 @@ def run(args: argparse.Namespace) -> int:
         actuator = KubeActuator(cat, client.ApiClient(),
                                 KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
                                                    rayservice=args.rayservice))
+        from rayscale.cluster.kube.lease import LeaderElection
+
+        identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+        leader = LeaderElection(client.CoordinationV1Api(client.ApiClient()), args.namespace, identity).hold
     ray.init(address=address, logging_level=logging.ERROR)
     serve_client, scraper = ServeClient(dashboard), MetricsScraper()
     ctl = Controller(cat, actuator, serve_client, scraper,
                      ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log)),
-                     weights_sink=set_flavor_weights)
+                     weights_sink=set_flavor_weights, leader=leader)
     from rayscale.controller.metrics import ControllerMetrics
 
     metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0")

@@ -94,7 +94,8 @@ def record_line(r: DecisionRecord) -> str:
 class Controller:
     def __init__(self, catalog: Catalog, actuator: Actuator, serve: ServeClient, scraper: MetricsScraper,
                  config: ControllerConfig | None = None, clock: Callable[[], float] = time.time,
-                 weights_sink: Callable[[str, str, dict[str, float]], Any] | None = None):
+                 weights_sink: Callable[[str, str, dict[str, float]], Any] | None = None,
+                 leader: Callable[[], bool] | None = None):
         # The estimator models each flavor at the prefill chunk its deployment runs: the one rayscale picks
         # (rayscale.core.chunk), which `rayscale render` writes into the serve config, or the profile's own.
         self.catalog = pin_chunks(catalog)
@@ -117,6 +118,9 @@ class Controller:
             Path(self.config.decision_log).parent.mkdir(parents=True, exist_ok=True)
         # Routing weights per model over its flavors (the ingress spreads requests by them).
         self.weights_sink = weights_sink
+        # One writer: when given, a period acts only while this returns True (a Lease held on Kubernetes,
+        # rayscale.cluster.kube.lease); a replica that does not hold it waits and changes nothing.
+        self.leader = leader
         self._weights: dict[str, dict[str, float]] = {}
 
     def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
@@ -247,7 +251,8 @@ class Controller:
         while not self._stop.is_set() and (end is None or time.monotonic() < end):
             start = time.monotonic()
             try:
-                self.reconcile()
+                if self.leader is None or self.leader():
+                    self.reconcile()
             except Exception as e:  # keep the loop alive; the record of the next period says more
                 self.records.append(DecisionRecord(self.clock(), {}, {}, [], [f"reconcile failed: {e!r}"], {},
                                                    {}, {}))

@@ -213,6 +213,8 @@ BUILTIN_TYPES: tuple[ResourceType, ...] = (
     _core("secrets", "Secret", True, status=False),
     _core("events", "Event", True, status=False, short_names=("ev",)),
     ResourceType("apps", ("v1",), "deployments", "Deployment", True, "deployment", ("deploy",)),
+    # Leader election (client-go's leaderelection, resourcelock/leaselock.go): a Lease has a spec, no status.
+    ResourceType("coordination.k8s.io", ("v1",), "leases", "Lease", True, "lease", status_subresource=False),
 )
 
 # The CRD files a default server serves. Karpenter kinds are validated against both variants.

@@ -349,6 +349,17 @@ def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world:
                       subresource="status")
     w.config = replace(w.config, rayservice="llm")
     w.actuator().gangs(w.clock.now())
+    # The Deployment's replicas elect one writer: create the Lease, then read and renew it.
+    from kubernetes import client
+
+    from rayscale.cluster.kube.lease import LeaderElection
+
+    api = w.api.api_client()
+    try:
+        elect = LeaderElection(client.CoordinationV1Api(api), NS, "pod-a", clock=w.clock.now)
+        assert elect.hold() and elect.hold()
+    finally:
+        api.close()
     used = {(r.verb, r.resource.split("/")[0].split(".", 1)[0]) for r in w.api.requests}
     declared = {(v, res) for rule in CLUSTER_RULES + NAMESPACE_RULES for res in rule["resources"]
                 for v in rule["verbs"]}
