@@ -7,6 +7,7 @@ import sys
 
 BENCHES = [
     ["bench.eval_split", "--out", "bench/results/eval_split.md"],
+    ["bench.long_prompts", "--out", "bench/results/long_prompts.md"],
     ["bench.planner", "--out", "bench/results/planner.md"],
     ["bench.simulate_speed"],
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
