@@ -14,8 +14,6 @@ from typing import Any
 
 from rayscale.commands.plan import add_catalog_args, catalog_from_args
 from rayscale.commands.settings_args import add_settings_args, settings_from_args
-from rayscale.core.settings import MIX_MAX_S
-from rayscale.signals.window import check_mix_span
 
 
 def register(sub: Any) -> None:
@@ -66,12 +64,6 @@ def run(args: argparse.Namespace) -> int:
         cat = catalog_from_args(args)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        if args.mix_min_requests is not None:
-            check_mix_span(args.mix_min_requests, MIX_MAX_S)
-    except ValueError as e:
-        print(f"error: --mix-min-requests: {e}", file=sys.stderr)
         return 2
     try:
         settings = settings_from_args(args)

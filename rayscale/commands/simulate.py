@@ -9,8 +9,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rayscale.commands.settings_args import add_settings_args, settings_from_args
-from rayscale.core.settings import MIX_MAX_S
-from rayscale.signals.window import check_mix_span
 
 if TYPE_CHECKING:
     from rayscale.core.catalog import RequestMixSpec
@@ -85,12 +83,6 @@ def run(args: argparse.Namespace) -> int:
 
     # --model (shared with `plan`) names the simulated model; default: the project's default model.
     model = args.only_models[0] if args.only_models else "mistral-7b"
-    try:
-        if args.mix_min_requests is not None:
-            check_mix_span(args.mix_min_requests, MIX_MAX_S)
-    except ValueError as e:
-        print(f"error: --mix-min-requests: {e}", file=sys.stderr)
-        return 2
     try:
         settings = settings_from_args(args)
         cat = load_catalog(args.models, args.flavors, args.profiles)

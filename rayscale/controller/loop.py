@@ -146,7 +146,6 @@ class Controller:
         gangs = self.actuator.gangs(t0)
         if serve.ok:
             gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
-            errors += self._sync_serving(gangs)
         else:
             errors.append("act skipped: Serve state unknown, nothing is changed")
         dur["observe"] = (time.perf_counter() - s) * 1000
@@ -184,17 +183,6 @@ class Controller:
                 f.write(rec.to_json() + "\n")
         for fn in self._listeners:
             fn(rec)
-
-    def _sync_serving(self, gangs: list[Gang]) -> list[str]:
-        """Tell a provider which gangs serve (one that does not need to know has no sync_serving)."""
-        sync = getattr(self.actuator, "sync_serving", None)
-        if sync is None:
-            return []
-        try:
-            sync(gangs)
-        except Exception as e:
-            return [f"sync_serving: {e}"]
-        return []
 
     def _remember(self, scrape: Scrape, now: float) -> list[Scrape]:
         """The scrapes the next aggregate reads: whole ones for the window (and a margin), older ones

@@ -121,14 +121,6 @@ def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
 
 
 
-def check_mix_span(mix_min_requests: int, mix_max_s: float) -> None:
-    """The settings of how far a request mix reaches back (controller and simulator), or ValueError."""
-    if not (isinstance(mix_min_requests, int) and mix_min_requests >= 0):
-        raise ValueError(f"mix_min_requests must be an integer >= 0, got {mix_min_requests!r}")
-    if not mix_max_s > 0:
-        raise ValueError(f"mix_max_s must be > 0, got {mix_max_s!r}")
-
-
 # What a request mix is computed from: older scrapes are kept trimmed to these (``mix_only``).
 _MIX_SERIES = (PROMPT, GEN, TTFT + "_count", E2E + "_count", PROMPT_HIST, GEN_HIST)
 

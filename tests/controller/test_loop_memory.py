@@ -68,7 +68,7 @@ def test_mix_settings_are_checked_and_the_clis_name_their_flag(capsys: Any) -> N
     for cmd in (["controller"], ["simulate", "--trace", "gen:poisson:rate=1,hours=0.01"]):
         assert main([*cmd, "--mix-min-requests", "-5"]) == 2
         err = capsys.readouterr().err
-        assert "--mix-min-requests: mix_min_requests must be an integer >= 0, got -5" in err
+        assert "--mix-min-requests: (top level): Settings.mix_min_requests must be >= 0, got -5" in err
 
 
 def test_arrivals_are_counted_per_period_for_the_burst_floor() -> None:

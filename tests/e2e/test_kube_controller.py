@@ -128,10 +128,6 @@ class SerialKubeActuator(KubeActuator):
         with self._lock:
             super().delete_gang(name)
 
-    def sync_serving(self, gangs: list[Gang]) -> None:
-        with self._lock:
-            super().sync_serving(gangs)
-
 
 @dataclass
 class KubeWorld:

@@ -333,10 +333,6 @@ class KubeActuator:
             if ANN_DELETING not in _annotations(c):
                 self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DELETING: "true"}}})
 
-    def sync_serving(self, gangs: list[Gang]) -> None:
-        """Nothing to do: ``karpenter.sh/do-not-disrupt`` protects a gang from creation until it is
-        released, whether or not replicas run there (``gangs`` keeps it in place each pass)."""
-
     def close(self) -> None:
         pass
 
