@@ -47,6 +47,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import gc
     import logging
     from pathlib import Path
     from urllib.parse import urlparse
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.detached or args.stop:
         return _detached(args)
+    # The catalog lives as long as the process: frozen out of the collector's reach, a full collection no
+    # longer scans its profile records every period (tens of ms a step at 1,000 models x 20 flavors).
+    gc.freeze()
     # SIGTERM from here on stops the controller cleanly (it may come while it still starts up)
     term = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: term.set())

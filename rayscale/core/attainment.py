@@ -224,8 +224,11 @@ def subset(rows: Rows, idx: npt.NDArray[np.intp]) -> Rows:
     return _rows({k: v[idx] for k, v in vars(rows).items()})
 
 
-def _crossing(rows: Rows, lo: F64, hi: F64, g: Callable[[Rows, F64, npt.NDArray[np.intp]], F64],
-              slope: float | None = None, guess: F64 | None = None) -> tuple[F64, F64]:
+_Search = Callable[[Rows, F64, npt.NDArray[np.intp]], F64]
+
+
+def _crossing(rows: Rows, lo: F64, hi: F64, g: _Search, slope: float | None = None,
+              guess: F64 | None = None) -> tuple[F64, F64]:
     """Per row, a bracket [a, b] within [lo, hi], b/a - 1 <= RTOL, with g(a) <= 0 < g(b) for a ``g`` that
     grows with x (given the rows, the points and the rows' indices); (lo, lo) where g(lo) > 0 and (hi, hi)
     where g(hi) <= 0.
@@ -242,41 +245,70 @@ def _crossing(rows: Rows, lo: F64, hi: F64, g: Callable[[Rows, F64, npt.NDArray[
     answer, not one that drifts by a step per period. A guess that misses still narrows the bracket, and
     either way the answer is to RTOL."""
     n = len(lo)
-    every = np.arange(n)
     a, b = np.log(lo), np.log(np.maximum(hi, lo))
     if guess is None:
+        every = np.arange(n)
         ends = g(subset(rows, np.concatenate([every, every])), np.exp(np.concatenate([a, b])),
                  np.concatenate([every, every]))
         ga, gb = ends[:n], ends[n:]
     else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            mid = np.log(guess)
-        d = 0.98 * math.log1p(RTOL)  # a step: a bracket of two neighbouring points is within the tolerance
-        near = np.flatnonzero(np.isfinite(mid) & (mid > a) & (mid < b))
-        k = len(near)
-        m, lo_n, hi_n = mid[near], a[near], b[near]
-        xs = (np.maximum(m - d, lo_n), m, np.minimum(m + d, hi_n))  # a guess next to an end steps onto it
-        vals = g(subset(rows, np.concatenate([every, every, near, near, near])), np.exp(np.concatenate([a, b, *xs])),
-                 np.concatenate([every, every, near, near, near]))
-        ga, gb = vals[:n].copy(), vals[n : 2 * n].copy()
-        # g grows with x: the largest point at or below zero and the smallest above it bracket the crossing.
-        # Points ascend, so the last one below zero is the largest and the first above it the smallest.
-        for i, x in enumerate(xs):
-            gx = vals[2 * n + i * k : 2 * n + (i + 1) * k]
-            below = gx <= 0
-            r = near[below]
-            a[r], ga[r] = x[below], gx[below]
-        for i, x in reversed(list(enumerate(xs))):
-            gx = vals[2 * n + i * k : 2 * n + (i + 1) * k]
-            above = gx > 0
-            r = near[above]
-            b[r], gb[r] = x[above], gx[above]
+        ga, gb = _bracket_guess(rows, g, guess, a, b)
     fails, fits = ga > 0, gb <= 0
     a = np.where(fits, b, a)
     b = np.where(fails, a, b)
-    moved = np.zeros(n, dtype=np.int8)  # which end the last step moved: -1 a, +1 b
+    _false_position(rows, g, slope, a, b, ga, gb, np.flatnonzero(~fails & ~fits & (b - a > math.log1p(RTOL))))
+    # The ends exactly, not exp(log(x)): a batch bounded by KV cache stays a whole number of sequences.
+    lo_x = np.where(fits, hi, np.where(fails, lo, np.exp(a)))
+    hi_x = np.where(fits, hi, np.where(fails, lo, np.exp(b)))
+    return lo_x, hi_x
+
+
+def _bracket_guess(rows: Rows, g: _Search, guess: F64, a: F64, b: F64) -> tuple[F64, F64]:
+    """g at the guess and one step either side where the guess lies inside [a, b] (log x), at the ends of
+    the other rows, and at a guessed row's ends only where its points do not bracket the crossing (g grows
+    with x, so an end outside a bracket cannot change it; in a control loop that is most rows, which then
+    cost three evaluations, not five, and the search one call). Narrows a and b in place to the points that
+    bracket the crossing; returns (g(a), g(b))."""
+    n = len(a)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mid = np.log(guess)
+    d = 0.98 * math.log1p(RTOL)  # a step: a bracket of two neighbouring points is within the tolerance
+    inside = np.isfinite(mid) & (mid > a) & (mid < b)
+    near, far = np.flatnonzero(inside), np.flatnonzero(~inside)
+    k, f = len(near), len(far)
+    m = mid[near]
+    xs = (np.maximum(m - d, a[near]), m, np.minimum(m + d, b[near]))  # a guess next to an end steps onto it
+    at = np.concatenate([far, far, near, near, near])
+    vals = g(subset(rows, at), np.exp(np.concatenate([a[far], b[far], *xs])), at)
+    ga, gb = np.zeros(n), np.zeros(n)
+    ga[far], gb[far] = vals[:f], vals[f : 2 * f]
+    points = vals[2 * f :].reshape(3, k)
+    # A guessed row's lower end where none of its points was at or below zero, its upper end where none was
+    # above.
+    lo_at, hi_at = near[(points > 0).all(axis=0)], near[(points <= 0).all(axis=0)]
+    if lo_at.size or hi_at.size:
+        ends_at = np.concatenate([lo_at, hi_at])
+        ends = g(subset(rows, ends_at), np.exp(np.concatenate([a[lo_at], b[hi_at]])), ends_at)
+        ga[lo_at], gb[hi_at] = ends[: len(lo_at)], ends[len(lo_at) :]
+    # g grows with x: the largest point at or below zero and the smallest above it bracket the crossing.
+    # Points ascend, so the last one below zero is the largest and the first above it the smallest.
+    for x, gx in zip(xs, points, strict=True):
+        below = gx <= 0
+        r = near[below]
+        a[r], ga[r] = x[below], gx[below]
+    for x, gx in reversed(list(zip(xs, points, strict=True))):
+        above = gx > 0
+        r = near[above]
+        b[r], gb[r] = x[above], gx[above]
+    return ga, gb
+
+
+def _false_position(rows: Rows, g: _Search, slope: float | None, a: F64, b: F64, ga: F64, gb: F64,
+                    act: npt.NDArray[np.intp]) -> None:
+    """Illinois false position on the rows ``act`` until each bracket [a, b] (log x) is RTOL wide; narrows
+    a, b and their g values in place."""
+    moved = np.zeros(len(a), dtype=np.int8)  # which end the last step moved: -1 a, +1 b
     tol = math.log1p(RTOL)
-    act = np.flatnonzero(~fails & ~fits & (b - a > tol))
     for step in range(MAX_STEPS):
         if act.size == 0:
             break
@@ -296,10 +328,6 @@ def _crossing(rows: Rows, lo: F64, hi: F64, g: Callable[[Rows, F64, npt.NDArray[
         b[act], gb[act] = np.where(left, B, x), np.where(left, GB, gx)
         moved[act] = np.where(left, -1, 1)
         act = act[(b[act] - a[act]) > tol]
-    # The ends exactly, not exp(log(x)): a batch bounded by KV cache stays a whole number of sequences.
-    lo_x = np.where(fits, hi, np.where(fails, lo, np.exp(a)))
-    hi_x = np.where(fits, hi, np.where(fails, lo, np.exp(b)))
-    return lo_x, hi_x
 
 
 def _log_share(x: F64) -> F64:

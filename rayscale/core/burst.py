@@ -14,12 +14,11 @@ at the SLO, which keeps latency margin for Poisson arrivals. rayscale.core.estim
 drain it. On Poisson load it is about the mean rate, which the replica capacity model already covers with
 margin; it matters for load burstier than Poisson on the scale of seconds.
 
-Until 2026-11-25 the floor was the largest, over windows of 5 s to 1 min, of the request-weighted 99%
-quantile of the window's rate times w / (w + T) (the rate a queue built over w clears within T at). Each
-window length spent the whole miss budget on its own, and a request in a window above the quantile counted
-as missed though most of them are served in time (Azure code x3, the trace's hour: 114 req/s where the replay
-at the same 1% budget needs 103). The replay spends the budget once, on the requests that actually wait too
-long (bench/results/burst_floor.md).
+Why a replay and not a quantile of windowed rates (the largest, over windows of 5 s to 1 min, of the 99%
+quantile of the window's rate times w / (w + T)): there each window length spends the whole miss budget on
+its own, and a request in a window above the quantile counts as missed though most of them are served in
+time (Azure code x3, the trace's hour: 114 req/s where the replay at the same 1% budget needs 103). The
+replay spends the budget once, on the requests that actually wait too long (bench/results/burst_floor.md).
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 from rayscale.core.catalog import CapacityType, Catalog, Parallelism
-from rayscale.core.estimate import Demand, DemandState, drain_rps, prior_mix
+from rayscale.core.estimate import Demand, DemandState, ReplicaCapacity, drain_rps, prior_mix
 from rayscale.core.gangs import GangError, GangShape, gang_shape_for
 from rayscale.core.signals import RequestMix
 from rayscale.core.solver import (
@@ -42,6 +43,14 @@ from rayscale.core.solver import (
 
 Key = tuple[str, str, str]  # (model, flavor, capacity type)
 ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
+
+
+class SolverChoice(StrEnum):
+    """Which solver plans (PlannerSettings.solver); settings files name it by its value."""
+
+    AUTO = "auto"  # exact up to exact_max_vars offerings, greedy beyond
+    EXACT = "exact"
+    GREEDY = "greedy"
 
 
 @dataclass(frozen=True)
@@ -71,7 +80,8 @@ class PlannerSettings:
     # noisy. Without it, on the diurnal trace a scale-down swapped 1 L40S for 3 inf2 to save 2%, the next
     # rise swapped back, and each swap's start-up cost SLO (simulated, 99.48% where 99.9% was usual).
     scale_down_move_saving: float = 0.15
-    solver: str = "auto"  # auto | exact | greedy
+    # Settings files and the CLI give the name as a string; __post_init__ makes it a SolverChoice.
+    solver: SolverChoice | str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("hysteresis_band", "downscale_headroom", "downscale_delay_s", "min_dwell_s",
@@ -87,8 +97,10 @@ class PlannerSettings:
                              f"hysteresis_band / (1 - hysteresis_band) = {limit:.3f}")
         if not self.scale_down_move_saving < 1:
             raise ValueError(f"PlannerSettings.scale_down_move_saving must be < 1, got {self.scale_down_move_saving}")
-        if self.solver not in ("auto", "exact", "greedy"):
-            raise ValueError(f"PlannerSettings.solver must be auto, exact or greedy, got {self.solver!r}")
+        try:
+            object.__setattr__(self, "solver", SolverChoice(self.solver))
+        except ValueError:
+            raise ValueError(f"PlannerSettings.solver must be auto, exact or greedy, got {self.solver!r}") from None
 
 
 @dataclass(frozen=True)
@@ -178,6 +190,55 @@ def _blocked(catalog: Catalog, unavailable: dict[ZoneKey, float], now: float) ->
     return out
 
 
+
+
+class Mode(StrEnum):
+    """What the stability rules let the solver do with a model's replicas this period."""
+
+    KEEP = "keep"  # pin every offering at what runs
+    UP = "up"  # only add to what runs
+    FREE = "free"  # re-plan freely (a scale-down)
+
+
+@dataclass(slots=True)
+class _Offer:
+    """One offering as the plan builds it: a way to run a replica of a model (flavor, capacity type), its
+    price and capacity, and the bounds the stability rules put on its replicas."""
+
+    model: str
+    flavor: str
+    capacity_type: CapacityType
+    usd_per_h: float  # one replica: its share of the gang's price
+    rps: float  # capacity of one replica (0: cannot meet the SLO)
+    devices: int  # the gang's
+    nodes: int
+    lb: int
+    ub: int
+    unit: int  # numbers the (model, flavor): its capacity types share it
+    slots: int  # replicas one gang holds
+    have: int  # replicas now
+
+
+@dataclass
+class _Build:
+    """What plan() gathers while it turns each model's demand into a need and offerings."""
+
+    catalog: Catalog
+    settings: PlannerSettings
+    now: float
+    blocked: set[tuple[str, str]]  # (flavor, capacity type) backed off in every zone
+    last_change: dict[str, float]
+    below_since: dict[str, float]
+    offers: list[_Offer] = field(default_factory=list)
+    needs: list[ModelNeed] = field(default_factory=list)
+    gangs: dict[tuple[str, str], GangShape] = field(default_factory=dict)  # (model, flavor)
+    why: dict[str, str] = field(default_factory=dict)  # model -> the reason its entries carry
+    rounded: dict[str, float] = field(default_factory=dict)  # req/s ordered beyond the demand: not demand
+    freed: set[str] = field(default_factory=set)  # models re-planned for a scale-down
+    notes: list[str] = field(default_factory=list)
+    shapes: Shapes = field(default_factory=dict)
+
+
 def plan(
     catalog: Catalog,
     demands: dict[str, Demand],
@@ -187,200 +248,232 @@ def plan(
     memory: PlannerMemory | None = None,
     settings: PlannerSettings = PlannerSettings(),
 ) -> tuple[Plan, PlannerMemory]:
+    """The plan and the planner's new memory (module docstring). Stages: what each model converges to;
+    per model, its stability rule, offerings and need (_add_model); solve; keep scale-downs to dropping
+    replicas unless moving saves enough; serve what limits leave unmet best effort; entries, timers and
+    shortfalls."""
     world = {k: v for k, v in (current or {}).items() if v > 0}
     memory = memory or PlannerMemory()
     blocked = _blocked(catalog, unavailable or {}, now)
     current = _converging(world, memory.targets, blocked)
-    notes: list[str] = []
-    last_change = dict(memory.last_change_s)
-    below_since = dict(memory.below_since_s)
-
-    cols: tuple[list[Any], ...] = ([], [], [], [], [], [], [], [], [], [], [])
-    o_model, o_flavor, o_ct, o_usd, o_rps, o_dev, o_nodes, o_lb, o_ub, o_unit, o_slots = cols
-    running: list[int] = []  # offerings with replicas now
-    o_have: list[int] = []  # replicas now, per offering
-    freed: set[str] = set()  # models re-planned for a scale-down
-    gangs: dict[tuple[str, str], GangShape] = {}
-    needs: list[ModelNeed] = []
-    why: dict[str, str] = {}
-    rounded: dict[str, float] = {}  # req/s a scale-up orders beyond the demand (whole best-value replicas)
+    b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s))
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
-    # Gang shape, price per capacity type and devices depend only on (flavor, tp, pp): once per plan call.
-    shapes: Shapes = {}
-    for name, spec in sorted(catalog.models.items()):
-        d = demands.get(name)
-        if d is not None and d.state == DemandState.OK and d.burst_rps > 0:
-            d = _with_burst_floor(catalog, name, d, shapes)
-        cur = cur_by_model.get(name, {})
-        caps = d.capacity if d else {}
-        # Replicas that serve best effort what limits left unmet count what they serve (Demand.fallback), or
-        # every period would read the model as short and they could never be scaled down with the demand.
-        have_caps = {**caps, **d.fallback} if d else caps
-        cur_cap = sum(n * (have_caps[f].rps if f in have_caps else 0.0) for (_, f, _), n in cur.items())
-        cur_n = sum(cur.values())
-        # Bounds per offering from the stability rules: 'keep' pins, 'up' only adds, 'free' re-plans.
-        if cur_n < spec.min_replicas and (d is None or d.state == DemandState.HOLD):
-            mode, why[name] = "up", f"below min_replicas {spec.min_replicas}"
-            rps = cur_cap
-        elif d is None or d.state == DemandState.HOLD:
-            mode, why[name] = "keep", (d.reason if d else "no demand estimate: holding capacity")
-            below_since.pop(name, None)
-            rps = cur_cap
-        elif d.rps > cur_cap + 1e-9 or cur_n < spec.min_replicas:
-            mode = "up"
-            why[name] = f"scale up: need {d.rps:.2f} req/s ({d.reason}), have {cur_cap:.2f}"
-            below_since.pop(name, None)
-            rps = d.rps
-        elif d.rps >= (1 - settings.hysteresis_band) * cur_cap:
-            mode, why[name] = "keep", f"steady: need {d.rps:.2f} req/s of {cur_cap:.2f} ({d.reason})"
-            below_since.pop(name, None)
-            rps = d.rps
-        else:
-            since = below_since.setdefault(name, now)
-            waited, dwell = now - since, now - last_change.get(name, -1e18)
-            need_dwell = settings.min_dwell_s
-            if settings.dwell_covers_startup:
-                need_dwell = max([need_dwell] + [
-                    catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
-                    for (_, f, _) in cur if f in catalog.flavors and f in spec.parallelism])
-            if waited >= settings.downscale_delay_s and dwell >= need_dwell:
-                mode = "free"
-                freed.add(name)
-                why[name] = (f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s "
-                             f"({d.reason})")
-                if settings.downscale_headroom:
-                    why[name] += f"; keeping {settings.downscale_headroom:.0%} headroom"
-                # The headroom is not demand: what the solver cannot cover of it is no shortfall.
-                rounded[name] = min(cur_cap, d.rps * (1 + settings.downscale_headroom)) - d.rps
-            else:
-                mode = "keep"
-                why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
-                             f"scale-down waits {settings.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
-            rps = d.rps + rounded.get(name, 0.0)
-        if d is not None and d.best_effort:
-            why[name] += "; best effort: no flavor meets the SLO for this mix"
-        first = len(o_model)  # this model's offerings start here
-        for fname in sorted(spec.parallelism):
-            par = spec.parallelism[fname]
-            got = _cached_shape(catalog, shapes, fname, par)
-            if isinstance(got, str):
-                notes.append(f"{name} on {fname}: {got}")
-                continue
-            shape, prices, devices = got
-            gangs[(name, fname)] = shape
-            cap = caps[fname].rps if fname in caps else 0.0
-            unit = len(gangs)
-            for ct, ctv, price in prices:
-                have = cur.get((name, fname, ctv), 0) if cur else 0
-                if mode == "keep":
-                    lb, ub = have, have
-                elif mode == "up":
-                    lb, ub = have, spec.max_replicas
-                else:
-                    lb, ub = 0, spec.max_replicas
-                if (fname, ctv) in blocked or cap <= 0:
-                    ub = min(ub, have)  # no new gangs where capacity errors back us off or SLO is unmeetable
-                    lb = min(lb, ub)
-                if ub <= 0 and have == 0:
-                    continue
-                if have:
-                    running.append(len(o_model))
-                o_have.append(have)
-                o_model.append(name)
-                o_flavor.append(fname)
-                o_ct.append(ct)
-                o_usd.append(price)
-                o_rps.append(cap)
-                o_dev.append(devices)
-                o_nodes.append(shape.nodes)
-                o_slots.append(shape.slots)
-                o_lb.append(lb)
-                o_ub.append(ub)
-                o_unit.append(unit)
-        if mode == "up" and settings.whole_best_replicas and d is not None and d.state == DemandState.OK:
-            mine = range(first, len(o_model))
-            value = _flavor_values(catalog, [(o_flavor[j], o_ct[j], o_usd[j], o_rps[j], o_ub[j] > o_lb[j])
-                                             for j in mine])
-            addable = [(v, r, f) for f, (v, r, can_add) in value.items() if can_add]
-            kept_cap, kept_n = cur_cap, cur_n
-            if addable and settings.replace_worse_than:
-                # Replicas of a flavor that costs replace_worse_than x the best per req/s are no longer
-                # pinned: the scale-up may replace them (act starts the new ones before draining them).
-                limit = settings.replace_worse_than * min(addable)[0]
-                for j in mine:
-                    if o_lb[j] > 0 and value.get(o_flavor[j], (math.inf,))[0] > limit:
-                        kept_cap -= o_lb[j] * o_rps[j]
-                        kept_n -= o_lb[j]
-                        o_lb[j] = 0
-            have_f: dict[str, int] = {}
-            for (_, f, _), n in cur.items():
-                have_f[f] = have_f.get(f, 0) + n
-            slots_f = {f: g.slots for (m, f), g in gangs.items() if m == name}
-            addable = _order_values(addable, rps - kept_cap, slots_f, have_f)
-            rps, why[name] = _whole_best(rps, kept_cap, kept_n, spec.max_replicas, why[name], addable)
-            rounded[name] = rps - d.rps
-        needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
-    offerings = OfferingTable(*cols)
-    problem = Problem(
-        needs=needs,
-        offerings=offerings,
-        device_limits={f.name: f.limits.devices for f in catalog.flavors.values() if f.limits.devices is not None},
-        node_limits={f.name: f.limits.nodes for f in catalog.flavors.values() if f.limits.nodes is not None},
-        spot_share={f.name: f.spot_max_share for f in catalog.flavors.values()},
-    )
+    for name in sorted(catalog.models):
+        _add_model(b, name, demands.get(name), cur_by_model.get(name, {}))
+    problem, have = _problem(b)
     sol = _solve(problem, settings)
-    if freed:
-        sol = _unless_moving_saves(problem, sol, o_have, freed, settings, why)
-    sol, rest_best_effort = _serve_rest_best_effort(catalog, demands, problem, sol, rounded, shapes, blocked,
-                                                    o_have, settings)
+    if b.freed:
+        sol = _unless_moving_saves(problem, sol, have, b.freed, settings, b.why)
+    sol, rest_best_effort = _serve_rest_best_effort(catalog, demands, problem, sol, b.rounded, b.shapes, blocked,
+                                                    have, settings)
+    entries, changed = _entries(catalog, problem, sol, have, current, b.gangs, b.why)
+    for m in changed:
+        b.last_change[m] = now
+        b.below_since.pop(m, None)
+    shortfalls = _shortfalls(catalog, demands, problem, sol, b.rounded, rest_best_effort)
+    targets: dict[str, dict[Key, int]] = {m: {} for m in catalog.models}
+    for e in entries:
+        if e.replicas > 0:
+            targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
+    return (Plan(tuple(entries), shortfalls, sol.method, tuple(b.notes)),
+            PlannerMemory(b.last_change, b.below_since, targets))
 
+
+def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> None:
+    """One model's need and offerings, bounded by the stability rules (module docstring)."""
+    spec = b.catalog.models[name]
+    if d is not None and d.state == DemandState.OK and d.burst_rps > 0:
+        d = _with_burst_floor(b.catalog, name, d, b.shapes)
+    caps = d.capacity if d else {}
+    # Replicas that serve best effort what limits left unmet count what they serve (Demand.fallback), or
+    # every period would read the model as short and they could never be scaled down with the demand.
+    have_caps = {**caps, **d.fallback} if d else caps
+    cur_cap = sum(n * (have_caps[f].rps if f in have_caps else 0.0) for (_, f, _), n in cur.items())
+    cur_n = sum(cur.values())
+    mode, rps = _mode(b, name, d, cur, cur_cap, cur_n)
+    if d is not None and d.best_effort:
+        b.why[name] += "; best effort: no flavor meets the SLO for this mix"
+    first = len(b.offers)
+    slots = _add_offers(b, name, mode, caps, cur)
+    if mode == Mode.UP and b.settings.whole_best_replicas and d is not None and d.state == DemandState.OK:
+        rps = _order_whole_best(b, name, d, rps, cur, cur_cap, cur_n, b.offers[first:], slots)
+    b.needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
+
+
+def _mode(b: _Build, name: str, d: Demand | None, cur: dict[Key, int], cur_cap: float,
+          cur_n: int) -> tuple[Mode, float]:
+    """The stability rule that applies to one model, and the req/s its need asks for; records why."""
+    spec = b.catalog.models[name]
+    if d is None or d.state == DemandState.HOLD:
+        if cur_n < spec.min_replicas:
+            b.why[name] = f"below min_replicas {spec.min_replicas}"
+            return Mode.UP, cur_cap
+        b.why[name] = d.reason if d else "no demand estimate: holding capacity"
+        b.below_since.pop(name, None)
+        return Mode.KEEP, cur_cap
+    if d.rps > cur_cap + 1e-9 or cur_n < spec.min_replicas:
+        b.why[name] = f"scale up: need {d.rps:.2f} req/s ({d.reason}), have {cur_cap:.2f}"
+        b.below_since.pop(name, None)
+        return Mode.UP, d.rps
+    if d.rps >= (1 - b.settings.hysteresis_band) * cur_cap:
+        b.why[name] = f"steady: need {d.rps:.2f} req/s of {cur_cap:.2f} ({d.reason})"
+        b.below_since.pop(name, None)
+        return Mode.KEEP, d.rps
+    return _scale_down_or_wait(b, name, d, cur, cur_cap)
+
+
+def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap: float) -> tuple[Mode, float]:
+    """An over-provisioned model: re-planned freely once the demand stayed below the band for the downscale
+    delay and its last change is older than the dwell; kept until then."""
+    cfg, spec = b.settings, b.catalog.models[name]
+    since = b.below_since.setdefault(name, b.now)
+    waited, dwell = b.now - since, b.now - b.last_change.get(name, -1e18)
+    need_dwell = cfg.min_dwell_s
+    if cfg.dwell_covers_startup:
+        need_dwell = max([need_dwell] + [
+            b.catalog.flavors[f].node_startup_s + b.catalog.profile(name, f).startup_s
+            for (_, f, _) in cur if f in b.catalog.flavors and f in spec.parallelism])
+    if waited >= cfg.downscale_delay_s and dwell >= need_dwell:
+        b.freed.add(name)
+        b.why[name] = f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s ({d.reason})"
+        if cfg.downscale_headroom:
+            b.why[name] += f"; keeping {cfg.downscale_headroom:.0%} headroom"
+        # The headroom is not demand: what the solver cannot cover of it is no shortfall.
+        b.rounded[name] = min(cur_cap, d.rps * (1 + cfg.downscale_headroom)) - d.rps
+        return Mode.FREE, d.rps + b.rounded[name]
+    b.why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
+                   f"scale-down waits {cfg.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
+    return Mode.KEEP, d.rps
+
+
+def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacity],
+                cur: dict[Key, int]) -> dict[str, int]:
+    """The model's offerings, bounded by ``mode``; the replicas a gang holds per flavor it got."""
+    spec = b.catalog.models[name]
+    slots: dict[str, int] = {}
+    for fname in sorted(spec.parallelism):
+        got = _cached_shape(b.catalog, b.shapes, fname, spec.parallelism[fname])
+        if isinstance(got, str):
+            b.notes.append(f"{name} on {fname}: {got}")
+            continue
+        shape, prices, devices = got
+        b.gangs[(name, fname)] = shape
+        slots[fname] = shape.slots
+        cap = caps[fname].rps if fname in caps else 0.0
+        unit = len(b.gangs)
+        for ct, ctv, price in prices:
+            have = cur.get((name, fname, ctv), 0)
+            lb, ub = (have, have) if mode == Mode.KEEP else (have if mode == Mode.UP else 0, spec.max_replicas)
+            if (fname, ctv) in b.blocked or cap <= 0:
+                ub = min(ub, have)  # no new gangs where capacity errors back us off or SLO is unmeetable
+                lb = min(lb, ub)
+            if ub <= 0 and have == 0:
+                continue
+            b.offers.append(_Offer(name, fname, ct, price, cap, devices, shape.nodes, lb, ub, unit, shape.slots,
+                                   have))
+    return slots
+
+
+def _order_whole_best(b: _Build, name: str, d: Demand, rps: float, cur: dict[Key, int], cur_cap: float,
+                      cur_n: int, mine: list[_Offer], slots: dict[str, int]) -> float:
+    """A scale-up's need rounded up to whole replicas of the model's best-value offering (_whole_best),
+    after unpinning running replicas that cost ``replace_worse_than`` x the best per req/s."""
+    cfg = b.settings
+    value = _flavor_values(b.catalog, [(o.flavor, o.capacity_type, o.usd_per_h, o.rps, o.ub > o.lb) for o in mine])
+    addable = [(v, r, f) for f, (v, r, can_add) in value.items() if can_add]
+    kept_cap, kept_n = cur_cap, cur_n
+    if addable and cfg.replace_worse_than:
+        # Replicas of a flavor that costs replace_worse_than x the best per req/s are no longer
+        # pinned: the scale-up may replace them (act starts the new ones before draining them).
+        limit = cfg.replace_worse_than * min(addable)[0]
+        for o in mine:
+            if o.lb > 0 and value.get(o.flavor, (math.inf,))[0] > limit:
+                kept_cap -= o.lb * o.rps
+                kept_n -= o.lb
+                o.lb = 0
+    have_f: dict[str, int] = {}
+    for (_, f, _), n in cur.items():
+        have_f[f] = have_f.get(f, 0) + n
+    addable = _order_values(addable, rps - kept_cap, slots, have_f)
+    rps, b.why[name] = _whole_best(rps, kept_cap, kept_n, b.catalog.models[name].max_replicas, b.why[name], addable)
+    b.rounded[name] = rps - d.rps
+    return rps
+
+
+def _problem(b: _Build) -> tuple[Problem, list[int]]:
+    """The solver's problem over the gathered offerings (in column form), and the replicas each runs now."""
+    # Column by column: one tuple per offering would add thousands of allocations, and garbage collections.
+    offers = b.offers
+    model, flavor, ct = [o.model for o in offers], [o.flavor for o in offers], [o.capacity_type for o in offers]
+    usd, rps, devices = [o.usd_per_h for o in offers], [o.rps for o in offers], [o.devices for o in offers]
+    nodes, lb, ub = [o.nodes for o in offers], [o.lb for o in offers], [o.ub for o in offers]
+    unit, slots, have = [o.unit for o in offers], [o.slots for o in offers], [o.have for o in offers]
+    flavors = b.catalog.flavors.values()
+    return Problem(
+        needs=b.needs,
+        offerings=OfferingTable(model, flavor, ct, usd, rps, devices, nodes, lb, ub, unit, slots),
+        device_limits={f.name: f.limits.devices for f in flavors if f.limits.devices is not None},
+        node_limits={f.name: f.limits.nodes for f in flavors if f.limits.nodes is not None},
+        spot_share={f.name: f.spot_max_share for f in flavors},
+    ), have
+
+
+def _entries(catalog: Catalog, problem: Problem, sol: Solution, have: list[int], current: dict[Key, int],
+             gangs: dict[tuple[str, str], GangShape], why: dict[str, str]) -> tuple[list[PlanEntry], set[str]]:
+    """The plan's entries, sorted, and the models whose replicas change."""
+    offs = problem.offerings
+    assert isinstance(offs, OfferingTable)
     entries = []
     changed: set[str] = set()
     known: set[Key] = set()
-    for j in sorted(set(sol.counts) | set(running)):
-        m, f, ctv = o_model[j], o_flavor[j], o_ct[j].value
+    for j in sorted(set(sol.counts) | {j for j, h in enumerate(have) if h}):
+        m, f, ctv = offs.model[j], offs.flavor[j], offs.capacity_type[j].value
         k = (m, f, ctv)
         n = sol.counts.get(j, 0)
-        have = current.get(k, 0)
+        now_n = current.get(k, 0)
         known.add(k)
-        if n == 0 and have == 0:
+        if n == 0 and now_n == 0:
             continue
-        if n != have:
+        if n != now_n:
             changed.add(m)
         # Replicas are priced as their share of a gang; the plan pays for the whole gangs they pack into.
         g = gangs[(m, f)]
-        entries.append(PlanEntry(m, f, ctv, n, have, g, g.gangs_for(n) * g.slots * o_usd[j], n * o_rps[j], why[m]))
+        entries.append(PlanEntry(m, f, ctv, n, now_n, g, g.gangs_for(n) * g.slots * offs.usd_per_h[j],
+                                 n * offs.rps[j], why[m]))
     # Replicas on offerings the catalog no longer has (flavor removed): plan them away, visibly.
-    for k, have in sorted(current.items()):
+    for k, n in sorted(current.items()):
         if k not in known and k[0] in catalog.models and (k[0], k[1]) in gangs:
-            entries.append(PlanEntry(*k, 0, have, gangs[(k[0], k[1])], 0.0, 0.0, "offering no longer available"))
-    for m in changed:
-        last_change[m] = now
-        below_since.pop(m, None)
+            entries.append(PlanEntry(*k, 0, n, gangs[(k[0], k[1])], 0.0, 0.0, "offering no longer available"))
+    entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
+    return entries, changed
+
+
+def _shortfalls(catalog: Catalog, demands: dict[str, Demand], problem: Problem, sol: Solution,
+                rounded: dict[str, float], rest_best_effort: set[str]) -> tuple[Shortfall, ...]:
+    """Models with demand unmet, below min_replicas, or served best effort, highest priority first."""
+    offs = problem.offerings
+    assert isinstance(offs, OfferingTable)
     offs_of: dict[str, list[tuple[float, int, str]]] = {}  # model -> (rps, ub, flavor) per offering
-    if sol.unmet_rps:
-        for j, m in enumerate(o_model):
-            if m in sol.unmet_rps:
-                offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
+    if sol.unmet_rps or sol.missing_min:
+        for j, m in enumerate(offs.model):
+            if m in sol.unmet_rps or m in sol.missing_min:
+                offs_of.setdefault(m, []).append((offs.rps[j], offs.ub[j], offs.flavor[j]))
     # What rounding up ordered is not demand: only unmet demand is a shortfall.
     unmet = {m: u - rounded.get(m, 0.0) for m, u in sol.unmet_rps.items()}
     unmet = {m: u for m, u in unmet.items()
              if u > RPS_TOLERANCE and demands.get(m) is not None and demands[m].state == DemandState.OK}
-    if sol.missing_min:
-        for j, m in enumerate(o_model):
-            if m in sol.missing_min and m not in sol.unmet_rps:
-                offs_of.setdefault(m, []).append((o_rps[j], o_ub[j], o_flavor[j]))
     planned: dict[str, int] = {}
     runs: dict[str, dict[str, int]] = {}  # model -> flavor -> replicas planned
     for j, n in sol.counts.items():
-        planned[o_model[j]] = planned.get(o_model[j], 0) + n
-        runs.setdefault(o_model[j], {})[o_flavor[j]] = runs.get(o_model[j], {}).get(o_flavor[j], 0) + n
+        m, f = offs.model[j], offs.flavor[j]
+        planned[m] = planned.get(m, 0) + n
+        runs.setdefault(m, {})[f] = runs.get(m, {}).get(f, 0) + n
     # A best-effort model is a shortfall whenever it serves or should: its requests miss the SLO.
     best = {m for m, d in demands.items() if d.best_effort and m in catalog.models
             and (planned.get(m, 0) or m in unmet or m in sol.missing_min)} | rest_best_effort
-    shortfalls = tuple(
+    return tuple(
         Shortfall(m, round(unmet.get(m, 0.0), 4),
                   _shortfall_reason(catalog, m, problem, offs_of.get(m, []), planned.get(m, 0),
                                     (demands[m], runs.get(m, {})) if m in best else None,
@@ -388,13 +481,6 @@ def plan(
                   sol.missing_min.get(m, 0), m in best)
         for m in sorted(set(unmet) | set(sol.missing_min) | best, key=lambda m: (-catalog.models[m].priority, m))
     )
-    entries.sort(key=lambda e: (e.model, e.flavor, e.capacity_type))
-    targets: dict[str, dict[Key, int]] = {m: {} for m in catalog.models}
-    for e in entries:
-        if e.replicas > 0:
-            targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
-    return (Plan(tuple(entries), shortfalls, sol.method, tuple(notes)),
-            PlannerMemory(last_change, below_since, targets))
 
 
 Shapes = dict[tuple[str, int, int], tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str]
@@ -443,9 +529,9 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
 
 
 def _solve(problem: Problem, settings: PlannerSettings) -> Solution:
-    if settings.solver == "exact":
+    if settings.solver == SolverChoice.EXACT:
         return solve_exact(problem)
-    if settings.solver == "greedy":
+    if settings.solver == SolverChoice.GREEDY:
         return solve_greedy(problem)
     return solve(problem, settings.exact_max_vars)
 
