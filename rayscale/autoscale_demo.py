@@ -40,7 +40,8 @@ def local_stand_in_catalog(max_replicas: int = 3) -> Catalog:
     cat = load_catalog().subset([MODEL], [FLAVOR])
     fl = cat.flavors[FLAVOR].model_copy(update={
         # a local `ray start` node takes 5-20 s on two busy cores; the launch timeout is 3x this
-        "node_startup_s": 20.0, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
+        # local totals with no published split: the shipped parts no longer describe them
+        "node_startup_s": 20.0, "startup": None, "zones": ["local"], "capacity_types": [CapacityType.ON_DEMAND],
         "limits": FlavorLimits(nodes=max_replicas), "spot_max_share": 0.0})
     # The demo's and the bench's requests (~100-token prompts, 32 out), declared as a user would, so the
     # first minute is not sized for the generic 1,024/128 mix before any request has finished.
@@ -48,7 +49,7 @@ def local_stand_in_catalog(max_replicas: int = 3) -> Catalog:
         "min_replicas": 1, "max_replicas": max_replicas,
         "request_mix": RequestMixSpec(prompt_mean=100, output_mean=32, prompt_p95=200)})
     p = cat.profile(MODEL, FLAVOR).model_copy(update={
-        "startup_s": 5.0, "itl_alpha_s": 0.05, "itl_beta_s": 0.01,
+        "startup_s": 5.0, "startup": None, "itl_alpha_s": 0.05, "itl_beta_s": 0.01,
         "source": "estimate: local stand-in, A10G profile slowed so one replica serves ~1 req/s"})
     return cat.model_copy(update={"flavors": {FLAVOR: fl}, "models": {MODEL: m},
                                   "profiles": {f"{MODEL}/{FLAVOR}": p}})

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from rayscale.core.catalog import Catalog, CatalogError, Flavor, ModelSpec, Profile, profile_key
+from rayscale.core.catalog import Catalog, CatalogError, FastStart, Flavor, ModelSpec, Profile, profile_key
 from rayscale.core.loadfile import LoadFile
 from rayscale.core.settings import Settings
 
@@ -90,7 +90,12 @@ def load_catalog(
         if dup:
             raise CatalogError(f"{path}: duplicate {what} names: {dup}")
     try:
-        return Catalog(
+        fast = FastStart.model_validate((flavor_data.get("fast_start") if isinstance(flavor_data, dict) else None) or {})
+    except ValidationError as e:
+        raise _format_error(fp, "fast_start", e) from None
+    try:
+        # Checked as written (each startup_s the sum of its cold parts), then deployed with the fast-start choices.
+        cat = Catalog(
             models={m.name: m for m in ms},
             flavors={f.name: f for f in fl},
             profiles={profile_key(p.model, p.flavor): p for p in ps},
@@ -99,6 +104,7 @@ def load_catalog(
     except ValidationError as e:
         msgs = "; ".join(str(x["msg"]).removeprefix("Value error, ") for x in e.errors())
         raise CatalogError(f"{mp} / {fp} / {pp}: {msgs}") from None
+    return cat.with_fast_start(fast) if fast != FastStart() else cat
 
 
 def load_loadfile(path: str | Path) -> LoadFile:

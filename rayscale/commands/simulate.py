@@ -32,7 +32,16 @@ def register(sub: Any) -> None:
 
     add_catalog_args(p)
     add_settings_args(p)
-    p.add_argument("--trace", required=True, help="trace file, or gen:KIND[:key=value,...]")
+    p.add_argument("--trace", help="trace file, or gen:KIND[:key=value,...] (one model: --model, default mistral-7b)")
+    p.add_argument("--model-traces", metavar="MODEL=TRACE,...|FILE.yaml",
+                   help="several models together, each with its own trace, on one simulated cloud with shared "
+                        "NodePool limits and the catalog's priorities (instead of --trace), e.g. "
+                        "mistral-7b=gen:poisson:rate=3,qwen2-7b=T.csv,qwen2-72b=gen:poisson:rate=0.5 (a new "
+                        "entry starts at a catalog model name followed by '='), or a YAML file mapping model -> "
+                        "trace. Prints a table per policy (a row per model and a total); --json one object per "
+                        "(policy, model). Policies: rayscale (one step for all models), stock and static-best "
+                        "(a fleet per model; limits they overrun are named), static-peak; clairvoyant and "
+                        "fluid-bound run one model at a time")
     p.add_argument("--policy", choices=POLICY_CHOICES, default="all",
                    help="all: rayscale, stock, static-best, clairvoyant, fluid-bound")
     p.add_argument("--on-demand-only", action="store_true",
@@ -70,6 +79,17 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.trace is None) == (args.model_traces is None):
+        print("error: give either --trace (one model) or --model-traces (several)", file=sys.stderr)
+        return 2
+    if args.model_traces is not None:
+        from rayscale.commands.simulate_multi import run_multi
+
+        return run_multi(args)
+    return run_single(args)
+
+
+def run_single(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from rayscale.config import load_catalog

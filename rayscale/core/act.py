@@ -53,6 +53,9 @@ class Gang:
     # When it entered its phase; None: at creation. A ready gang that goes PENDING again (a restarted
     # worker pod) gets a fresh launch timeout from here, not from its creation long ago.
     since_s: float | None = None
+    # Its slot among the gangs of its (model, flavor): the Ray node label a multi-node replica's placement
+    # group selects (rayscale.serve.config.slot_label_selector). None: the actuator gives none.
+    slot: int | None = None
 
     @property
     def phase_since_s(self) -> float:
@@ -127,24 +130,13 @@ def decide(
     unavailable: dict[tuple[str, str, str], float],
     now: float,
     settings: ActSettings = ActSettings(),
+    serve_serving: dict[tuple[str, str], int] | None = None,
 ) -> list[Action]:
-    actions: list[Action] = []
+    """``serve_running``: replicas that exist (starting and stopping ones too); ``serve_serving``: those that
+    take requests (None: the running ones)."""
+    serving = serve_running if serve_serving is None else serve_serving
     backoffs = {k for k, until in unavailable.items() if until > now}
-    live: list[Gang] = []
-    for g in sorted(gangs, key=lambda g: g.name):
-        timeout = settings.launch_timeout_factor * catalog.flavors[g.flavor].node_startup_s \
-            if g.flavor in catalog.flavors else 0.0
-        pending_s = now - g.phase_since_s
-        stuck = g.phase == GangPhase.PENDING and pending_s > timeout
-        if g.phase == GangPhase.FAILED or stuck:
-            why = g.reason or (f"not up after {pending_s:.0f}s" if stuck else "failed")
-            actions.append(DeleteGang(g.name, f"partial gang: {why}; deleting all {g.nodes} nodes"))
-            zk = (g.flavor, g.zone, g.capacity_type)
-            if zk not in backoffs:
-                backoffs.add(zk)
-                actions.append(BackOff(*zk, now + settings.backoff_s, f"{g.name}: {why}"))
-        else:
-            live.append(g)
+    actions, live = _drop_failed(catalog, gangs, backoffs, now, settings)
 
     by_key: dict[Key, list[Gang]] = defaultdict(list)
     for g in live:
@@ -162,7 +154,77 @@ def decide(
     for g in live:
         room[(g.model, g.flavor)] -= 1
 
-    # Up: whole gangs, deterministic names (lowest free index) so a retry after a crash is idempotent.
+    creates = _create_gangs(catalog, target, gangs, by_key, gangs_wanted, room, backoffs)
+    actions += creates
+    pending_models |= {a.model for a in creates}
+
+    # Serve replicas per (model, flavor): only onto ready gangs; lowering drains before any release.
+    flavors_of: dict[tuple[str, str], list[Key]] = defaultdict(list)
+    for key in set(target) | set(by_key):
+        flavors_of[(key[0], key[1])].append(key)
+    # Only deployments of models and flavors this controller owns: other apps' replicas are not ours.
+    owned = {mf for mf in serve_target if mf[0] in catalog.models and mf[1] in catalog.models[mf[0]].parallelism}
+    # (replicas Serve should run, replicas planned, ready gangs)
+    desired: dict[tuple[str, str], tuple[int, int, int]] = {}
+    for mf in sorted(set(flavors_of) | owned):
+        keys = flavors_of.get(mf, [])
+        want = sum(target.get(k, 0) for k in keys)
+        ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
+        desired[mf] = (min(want, ready * slots.get(mf, 1)), want, ready)
+    for mf, (n, want, ready) in desired.items():
+        actions += _set_replicas(mf, n, want, ready, serve_target.get(mf, 0), slots.get(mf, 1),
+                                 _coming_up(mf, desired, serving, pending_models))
+        actions += _release(mf, flavors_of.get(mf, []), by_key, target, gangs_wanted, serve_running.get(mf, 0) <= n)
+    return actions
+
+
+def _coming_up(mf: tuple[str, str], desired: dict[tuple[str, str], tuple[int, int, int]],
+               serving: dict[tuple[str, str], int], pending_models: set[str]) -> bool:
+    """Whether the model's capacity elsewhere is still coming up: gangs pending, or replicas of another flavor
+    that Serve should run but does not yet (a gang is ready minutes before its replica has loaded the model)."""
+    return mf[0] in pending_models or any(
+        m == mf[0] and f != mf[1] and n > serving.get((m, f), 0) for (m, f), (n, _, _) in desired.items())
+
+
+def _set_replicas(mf: tuple[str, str], desired: int, want: int, ready: int, cur: int, slots: int,
+                  coming_up: bool) -> list[Action]:
+    if desired > cur:
+        held = f"{ready} gang(s) ready" + (f" ({ready * slots} slots)" if slots > 1 else "")
+        return [SetReplicas(*mf, desired, f"{held} for {want} planned")]
+    if desired < cur and not coming_up:  # make before break: keep serving until the replacement serves
+        return [SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}")]
+    return []
+
+
+def _drop_failed(catalog: Catalog, gangs: list[Gang], backoffs: set[tuple[str, str, str]], now: float,
+                 settings: ActSettings) -> tuple[list[Action], list[Gang]]:
+    """Failed gangs and those stuck pending past their launch timeout: deleted whole, their zone backed off
+    (added to ``backoffs``). Returns those actions and the live gangs, by name."""
+    actions: list[Action] = []
+    live: list[Gang] = []
+    for g in sorted(gangs, key=lambda g: g.name):
+        timeout = settings.launch_timeout_factor * catalog.flavors[g.flavor].node_startup_s \
+            if g.flavor in catalog.flavors else 0.0
+        pending_s = now - g.phase_since_s
+        stuck = g.phase == GangPhase.PENDING and pending_s > timeout
+        if g.phase == GangPhase.FAILED or stuck:
+            why = g.reason or (f"not up after {pending_s:.0f}s" if stuck else "failed")
+            actions.append(DeleteGang(g.name, f"partial gang: {why}; deleting all {g.nodes} nodes"))
+            zk = (g.flavor, g.zone, g.capacity_type)
+            if zk not in backoffs:
+                backoffs.add(zk)
+                actions.append(BackOff(*zk, now + settings.backoff_s, f"{g.name}: {why}"))
+        else:
+            live.append(g)
+    return actions, live
+
+
+def _create_gangs(catalog: Catalog, target: dict[Key, int], gangs: list[Gang], by_key: dict[Key, list[Gang]],
+                  gangs_wanted: dict[Key, int], room: dict[tuple[str, str], int],
+                  backoffs: set[tuple[str, str, str]]) -> list[CreateGang]:
+    """Up: whole gangs, deterministic names (lowest free index) so a retry after a crash is idempotent.
+    Takes what it creates from ``room``."""
+    actions: list[CreateGang] = []
     used_names = {g.name for g in gangs}
     for key in sorted(set(target) | set(by_key)):
         model, flavor, ct = key
@@ -188,40 +250,23 @@ def decide(
             room[(model, flavor)] -= 1
             actions.append(CreateGang(name, model, flavor, ct, zone, shape.instance_type, shape.nodes,
                                       f"plan wants {target[key]} x {ct} in {want} gang(s), have {len(have)}"))
-            pending_models.add(model)
-
-    # Serve replicas per (model, flavor): only onto ready gangs; lowering drains before any release.
-    flavors_of: dict[tuple[str, str], list[Key]] = defaultdict(list)
-    for key in set(target) | set(by_key):
-        flavors_of[(key[0], key[1])].append(key)
-    # Only deployments of models and flavors this controller owns: other apps' replicas are not ours.
-    owned = {mf for mf in serve_target if mf[0] in catalog.models and mf[1] in catalog.models[mf[0]].parallelism}
-    for mf in sorted(set(flavors_of) | owned):
-        keys = flavors_of.get(mf, [])
-        want = sum(target.get(k, 0) for k in keys)
-        ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
-        desired = min(want, ready * slots.get(mf, 1))
-        cur = serve_target.get(mf, 0)
-        if desired > cur:
-            held = f"{ready} gang(s) ready" + (f" ({ready * slots[mf]} slots)" if slots.get(mf, 1) > 1 else "")
-            actions.append(SetReplicas(*mf, desired, f"{held} for {want} planned"))
-        elif desired < cur:
-            if mf[0] in pending_models:
-                continue  # make before break: keep serving until the model's new gangs are up
-            actions.append(SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}"))
-
-        actions += _release(mf, keys, by_key, target, gangs_wanted, serve_running.get(mf, 0) <= desired)
     return actions
 
 
 def _slots(catalog: Catalog, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], int]:
     """Replicas one gang of each (model, flavor) holds; 1 where the catalog no longer has it."""
     out = {}
+    by_shape: dict[tuple[str, int, int], int] = {}  # a gang depends only on (flavor, tp, pp): once each
     for m, f in pairs:
         out[(m, f)] = 1
         if m in catalog.models and f in catalog.flavors and f in catalog.models[m].parallelism:
-            with contextlib.suppress(GangError):  # no instance fits: the plan never orders it
-                out[(m, f)] = gang_shape(catalog, m, f).slots
+            par = catalog.models[m].parallelism[f]
+            key = (f, par.tp, par.pp)
+            if key not in by_shape:
+                by_shape[key] = 1
+                with contextlib.suppress(GangError):  # no instance fits: the plan never orders it
+                    by_shape[key] = gang_shape(catalog, m, f).slots
+            out[(m, f)] = by_shape[key]
     return out
 
 

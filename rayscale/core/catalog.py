@@ -7,7 +7,9 @@ Validated with pydantic; rayscale.config loads them from YAML and turns a bad fi
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -117,6 +119,48 @@ class InstanceType(_Strict):
         return v
 
 
+_SOURCE_KINDS = ("published", "measured", "derived", "estimate")
+
+
+class Timed(_Strict):
+    """One part of a start-up, in seconds, with where the number comes from."""
+
+    s: NonNegFloat = Field(description="seconds")
+    source: str = Field(description="'published: <where>', 'measured: <how>', 'derived: <from what>' or "
+                                    "'estimate: <why>'")
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str) -> str:
+        if v.split(":", 1)[0].strip() not in _SOURCE_KINDS or not v.split(":", 1)[-1].strip():
+            raise ValueError(f"must start with one of {', '.join(k + ':' for k in _SOURCE_KINDS)} and say where")
+        return v
+
+    def scaled(self, k: float, why: str) -> Timed:
+        return Timed(s=self.s * k, source=f"{self.source} ({why})")
+
+
+class NodeStartup(_Strict):
+    """A flavor's part of a start-up: launch -> Ready with devices allocatable, then the serving image."""
+
+    node_boot: Timed = Field(description="launch to Ready with devices allocatable (Flavor.node_startup_s)")
+    image_pull: Timed = Field(description="pull and unpack the serving image on a node that lacks it")
+    image_pull_snapshot: Timed | None = Field(
+        default=None, description="the same with the node's data volume restored from an EBS snapshot that holds "
+                                  "the image (None: the fast-start option is not offered for this flavor)")
+
+
+class ReplicaStartup(_Strict):
+    """A (model, flavor)'s part of a start-up once the image is on the node."""
+
+    weight_load: Timed = Field(description="fetch the weights from the hub and load them onto the devices")
+    engine_start: Timed = Field(description="engine start after the weights: compile, profile, graphs, warm-up")
+    weight_load_stream: Timed | None = Field(
+        default=None, description="weights streamed from S3 by vLLM's Run:ai streamer (load_format runai_streamer)")
+    weight_load_cache: Timed | None = Field(
+        default=None, description="weights read from a node-local cache (the snapshot data volume)")
+
+
 class Taint(_Strict):
     key: str
     value: str | None = None
@@ -146,8 +190,24 @@ class Flavor(_Strict):
     limits: FlavorLimits = Field(default_factory=FlavorLimits)
     spot_max_share: float = Field(default=0.0, ge=0, le=1, description="most replicas of a model on spot")
     node_startup_s: NonNegFloat = Field(default=300.0, description="launch to Ready with devices allocatable")
+    startup: NodeStartup | None = Field(
+        default=None, description="node boot and image pull with their sources; node_startup_s is node_boot")
 
     _name = field_validator("name")(classmethod(lambda cls, v: _check_name(v)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _boot_total(cls, data: Any) -> Any:
+        # node_startup_s is the node_boot part: written, it must agree; left out, the part sets it.
+        if isinstance(data, dict) and isinstance(data.get("startup"), dict):
+            boot = data["startup"].get("node_boot")
+            if isinstance(boot, dict) and isinstance(boot.get("s"), int | float):
+                if "node_startup_s" not in data:
+                    return {**data, "node_startup_s": boot["s"]}
+                if abs(float(data["node_startup_s"]) - boot["s"]) > 0.5:
+                    raise ValueError(f"node_startup_s ({data['node_startup_s']}) must equal startup.node_boot.s "
+                                     f"({boot['s']}): it is the node boot part")
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Flavor:
@@ -200,7 +260,11 @@ class Profile(_Strict):
     # it per deployment (rayscale.core.chunk). A measured profile pins the value it was measured at.
     max_num_batched_tokens: PositiveInt | None = None
     kv_tokens: PositiveInt
-    startup_s: NonNegFloat = Field(description="replica start on a ready node: image pull + model load")
+    startup_s: NonNegFloat = Field(description="replica start on a ready node: image pull + weight load + engine "
+                                               "start (with the catalog's fast-start choices)")
+    startup: ReplicaStartup | None = Field(
+        default=None, description="weight load and engine start with their sources; with the flavor's image pull "
+                                  "they sum to startup_s (rayscale.core.catalog.startup_parts)")
     source: str
 
     @field_validator("source")
@@ -233,6 +297,81 @@ class Profile(_Strict):
                 + self.prefill_quadratic_s * prompt_tokens * prompt_tokens)
 
 
+class WeightSource(StrEnum):
+    DOWNLOAD = "download"  # from the hub on every start (vLLM's default)
+    STREAM = "stream"  # streamed from S3 by vLLM's Run:ai streamer (load_format runai_streamer)
+    CACHE = "cache"  # from a node-local cache on the node's data volume
+
+
+_SNAPSHOT = re.compile(r"^snap-[0-9a-f]{8,17}$")
+
+
+class FastStart(_Strict):
+    """The fast-start choices of a deployment: rendered into the EC2NodeClasses and serve config
+    (rayscale.cluster.render) and simulated through the start-up they imply (startup_parts)."""
+
+    image_snapshots: dict[AcceleratorKind, str] = Field(
+        default_factory=dict, description="EBS snapshot (snap-...) holding the serving image, per accelerator kind "
+                                          "(gpu, neuron): restored as the nodes' data volume (Bottlerocket)")
+    weights: WeightSource = WeightSource.DOWNLOAD
+    weights_uri: str | None = Field(
+        default=None, description="s3://bucket/prefix holding each model's safetensors under <prefix>/<model name>; "
+                                  "required by weights: stream")
+
+    @field_validator("image_snapshots")
+    @classmethod
+    def _snapshots(cls, v: dict[AcceleratorKind, str]) -> dict[AcceleratorKind, str]:
+        for kind, snap in v.items():
+            if kind == AcceleratorKind.CPU:
+                raise ValueError("cpu: the local CPU flavor has no EC2NodeClass; allowed kinds: gpu, neuron")
+            if not _SNAPSHOT.match(snap):
+                raise ValueError(f"{kind.value}: {snap!r} is not an EBS snapshot id (snap- and 8-17 hex digits)")
+        return v
+
+    @model_validator(mode="after")
+    def _uri(self) -> FastStart:
+        if self.weights == WeightSource.STREAM and not (self.weights_uri or "").startswith("s3://"):
+            raise ValueError("weights: stream needs weights_uri: s3://bucket/prefix (where the weights are streamed from)")
+        return self
+
+    def snapshot_for(self, kind: AcceleratorKind) -> str | None:
+        return self.image_snapshots.get(kind)
+
+
+@dataclass(frozen=True)
+class StartupParts:
+    """A replica's start-up from a launch, split as it happens: node boot, image pull, weight load, engine start."""
+
+    node_boot_s: float
+    image_pull_s: float
+    weight_load_s: float
+    engine_start_s: float
+
+    def replica_s(self, image_cached: bool = False) -> float:
+        """Replica start on a Ready node; a node that already holds the image skips the pull."""
+        return (0.0 if image_cached else self.image_pull_s) + self.weight_load_s + self.engine_start_s
+
+    @property
+    def total_s(self) -> float:
+        return self.node_boot_s + self.replica_s()
+
+
+def startup_parts(flavor: Flavor, profile: Profile, fast: FastStart | None = None) -> StartupParts:
+    """The one map from fast-start choices to start-up parts. Without published parts (a flavor or profile that
+    declares none) the totals stand alone: the node boot is node_startup_s and all of startup_s is weight load,
+    so no choice and no cached image shortens them."""
+    fast = fast or FastStart()
+    if flavor.startup is None or profile.startup is None:
+        return StartupParts(flavor.node_startup_s, 0.0, profile.startup_s, 0.0)
+    fs, ps = flavor.startup, profile.startup
+    pull = fs.image_pull
+    if fast.snapshot_for(flavor.kind) is not None and fs.image_pull_snapshot is not None:
+        pull = fs.image_pull_snapshot
+    load = {WeightSource.DOWNLOAD: ps.weight_load, WeightSource.STREAM: ps.weight_load_stream,
+            WeightSource.CACHE: ps.weight_load_cache}[fast.weights] or ps.weight_load
+    return StartupParts(fs.node_boot.s, pull.s, load.s, ps.engine_start.s)
+
+
 class Catalog(_Strict):
     """Everything the core knows about models, flavors and their profiles."""
 
@@ -240,6 +379,8 @@ class Catalog(_Strict):
     flavors: dict[str, Flavor]
     profiles: dict[str, Profile] = Field(description="keyed 'model/flavor'")
     spot_default_discount: float = Field(default=0.6, ge=0, lt=1)
+    fast_start: FastStart = Field(default_factory=FastStart, description="the deployment's fast-start choices; "
+                                  "node_startup_s and startup_s are the start-up they imply (with_fast_start)")
 
     @model_validator(mode="after")
     def _cross_refs(self) -> Catalog:
@@ -256,7 +397,45 @@ class Catalog(_Strict):
                 raise ValueError(f"profiles.{k}: key must be '{p.model}/{p.flavor}'")
             if p.flavor not in self.flavors:
                 raise ValueError(f"profiles.{k}.flavor: unknown flavor {p.flavor!r}; allowed: {sorted(self.flavors)}")
+            self._check_parts(k, p)
         return self
+
+    def _check_parts(self, key: str, p: Profile) -> None:
+        fl = self.flavors[p.flavor]
+        if (fl.startup is None) != (p.startup is None):
+            has, lacks = (f"flavors.{fl.name}", f"profiles.{key}") if p.startup is None \
+                else (f"profiles.{key}", f"flavors.{fl.name}")
+            raise ValueError(f"{lacks}.startup: missing, but {has} splits its start-up into parts; split both")
+        parts = startup_parts(fl, p, self.fast_start)
+        if abs(parts.replica_s() - p.startup_s) > 0.5:
+            raise ValueError(
+                f"profiles.{key}.startup_s ({p.startup_s:g}) must equal its parts: image pull {parts.image_pull_s:g} "
+                f"(flavors.{fl.name}.startup) + weight load {parts.weight_load_s:g} + engine start "
+                f"{parts.engine_start_s:g} = {parts.replica_s():g}")
+
+    def startup(self, model: str, flavor: str) -> StartupParts:
+        """The start-up parts of a replica of ``model`` on ``flavor`` under this catalog's fast-start choices."""
+        return startup_parts(self.flavors[flavor], self.profile(model, flavor), self.fast_start)
+
+    def with_fast_start(self, fast: FastStart) -> Catalog:
+        """The catalog as deployed with ``fast``: every node_startup_s and startup_s is the start-up the choices
+        imply, so the planner's lead times, the launch timeout and the simulator all use it."""
+        profiles = {k: p.model_copy(update={"startup_s": startup_parts(self.flavors[p.flavor], p, fast).replica_s()})
+                    for k, p in self.profiles.items()}
+        return self.model_copy(update={"profiles": profiles, "fast_start": fast})
+
+    def with_startup_total(self, total_s: float) -> Catalog:
+        """Every start-up part (and total) scaled by one factor so the median cold start-up (node boot + image pull
+        + weight load + engine start, no fast-start choice) of the catalog's offerings is ``total_s``: a sweep of
+        how much the start-up time matters, keeping each offering's split and their order."""
+        base = [startup_parts(self.flavors[p.flavor], p).total_s for p in self.profiles.values()]
+        if not base or statistics.median(base) <= 0:
+            raise CatalogError("no offering with a start-up time to scale")
+        k = total_s / statistics.median(base)
+        why = f"x{k:.3g} for a {total_s:g} s start-up sweep"
+        flavors = {n: _scale_flavor(f, k, why) for n, f in self.flavors.items()}
+        profiles = {key: _scale_profile(p, k, why) for key, p in self.profiles.items()}
+        return self.model_copy(update={"flavors": flavors, "profiles": profiles}).with_fast_start(self.fast_start)
 
     def profile(self, model: str, flavor: str) -> Profile:
         return self.profiles[profile_key(model, flavor)]
@@ -286,7 +465,29 @@ class Catalog(_Strict):
         }
         ms = {n: m for n, m in ms.items() if m.parallelism}
         prof = {k: p for k, p in self.profiles.items() if p.model in ms and p.flavor in fs}
-        return Catalog(models=ms, flavors=fs, profiles=prof, spot_default_discount=self.spot_default_discount)
+        return Catalog(models=ms, flavors=fs, profiles=prof, spot_default_discount=self.spot_default_discount,
+                       fast_start=self.fast_start)
+
+
+def _scale_flavor(f: Flavor, k: float, why: str) -> Flavor:
+    st = f.startup
+    if st is None:
+        return f.model_copy(update={"node_startup_s": f.node_startup_s * k})
+    snap = st.image_pull_snapshot.scaled(k, why) if st.image_pull_snapshot is not None else None
+    parts = NodeStartup(node_boot=st.node_boot.scaled(k, why), image_pull=st.image_pull.scaled(k, why),
+                        image_pull_snapshot=snap)
+    return f.model_copy(update={"startup": parts, "node_startup_s": parts.node_boot.s})
+
+
+def _scale_profile(p: Profile, k: float, why: str) -> Profile:
+    st = p.startup
+    if st is None:
+        return p.model_copy(update={"startup_s": p.startup_s * k})
+    opt = {name: (getattr(st, name).scaled(k, why) if getattr(st, name) is not None else None)
+           for name in ("weight_load_stream", "weight_load_cache")}
+    parts = ReplicaStartup(weight_load=st.weight_load.scaled(k, why), engine_start=st.engine_start.scaled(k, why),
+                           **opt)
+    return p.model_copy(update={"startup": parts})
 
 
 def profile_key(model: str, flavor: str) -> str:

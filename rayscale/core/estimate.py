@@ -36,6 +36,7 @@ import numpy.typing as npt
 from rayscale.core.attainment import (
     CHUNK_TOKENS,
     LOAD_FLOOR,
+    Load,
     Rows,
     at_load,
     largest_load,
@@ -227,22 +228,28 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
             out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=rps_l[i], batch=b_l[i],
                             tpot_s=tpot_l[i], ttft_floor_s=floor_l[i], reason="", best_effort=False, miss=0.0))
             continue
-        pr, s, m, c = profiles[i], slos[i], mixes[i], corrs[i]
-        if floor_l[i] > s.ttft_p95_s:
-            why = (f"p95 prompt ({m.prompt_p95:.0f} tok) prefills in {floor_l[i]:.2f}s > TTFT SLO "
-                   f"{s.ttft_p95_s}s")
-        elif kv_fit[i] < 1:
-            why = "KV cache holds no whole request"
-        elif c.tpot * pr.itl_s(1) > s.tpot_p95_s:
-            why = f"inter-token latency {tpot_at(pr, 1, m, c):.3f}s at batch 1 > TPOT SLO {s.tpot_p95_s}s"
-        else:
-            j = idle_at[i]
-            assert idle is not None
-            why = (f"an idle replica misses the SLO for {float(idle.miss[j]):.1%} of requests (TTFT "
-                   f"{float(idle.ttft_miss[j]):.1%}, TPOT {float(idle.tpot_miss[j]):.1%}) > {allowed:.0%}")
-        out.append(_new(ReplicaCapacity, flavor=pr.flavor, rps=0.0, batch=0.0, tpot_s=0.0,
+        why = _infeasible_reason(profiles[i], slos[i], mixes[i], corrs[i], floor_l[i], float(kv_fit[i]),
+                                 (idle, idle_at[i]) if i in idle_at else None, allowed)
+        out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=0.0, batch=0.0, tpot_s=0.0,
                         ttft_floor_s=floor_l[i], reason=why, best_effort=False, miss=0.0))
     return out
+
+
+def _infeasible_reason(pr: Profile, s: SLO, m: RequestMix, c: Correction, ttft_floor: float, kv_fit: float,
+                       idle: tuple[Load | None, int] | None, allowed: float) -> str:
+    """Why one replica cannot meet the SLO (for the plan's notes); ``idle``: the idle replica's misses and
+    this row's index in them, where those are what rules it out."""
+    if ttft_floor > s.ttft_p95_s:
+        return f"p95 prompt ({m.prompt_p95:.0f} tok) prefills in {ttft_floor:.2f}s > TTFT SLO {s.ttft_p95_s}s"
+    if kv_fit < 1:
+        return "KV cache holds no whole request"
+    if c.tpot * pr.itl_s(1) > s.tpot_p95_s:
+        return f"inter-token latency {tpot_at(pr, 1, m, c):.3f}s at batch 1 > TPOT SLO {s.tpot_p95_s}s"
+    assert idle is not None
+    load, j = idle
+    assert load is not None
+    return (f"an idle replica misses the SLO for {float(load.miss[j]):.1%} of requests (TTFT "
+            f"{float(load.ttft_miss[j]):.1%}, TPOT {float(load.tpot_miss[j]):.1%}) > {allowed:.0%}")
 
 
 def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
@@ -336,6 +343,33 @@ def prior_mix(catalog: Catalog, model: str) -> RequestMix:
     return RequestMix(spec.prompt_mean, spec.output_mean, spec.prompt_p95 or 2.0 * spec.prompt_mean)
 
 
+# The largest prefix-cache hit rate prefill is discounted by: a window in which nearly every prompt token
+# hit (a burst of one conversation) must not make prefill free and size the model to nothing.
+MAX_PREFIX_DISCOUNT = 0.9
+
+
+def with_prefix_hits(catalog: Catalog, signals: dict[str, ModelSignals]) -> Catalog:
+    """``catalog`` with each model's prefill discounted by its observed prefix-cache hit rate h: cached prompt
+    tokens are not prefilled (vLLM's automatic prefix caching), so a prompt of P tokens costs P x (1 - h)
+    tokens of prefill, i.e. its profiles prefill at R / (1 - h). KV use, the per-prompt and attention terms
+    stay whole (cached blocks still occupy and are attended to). Only fresh, observed rates count: a model
+    without one (caching off, metric missing) keeps its profiles, never a guessed discount."""
+    scale: dict[str, float] = {}
+    for name, sig in signals.items():
+        h = sig.prefix_hit_rate if sig is not None and sig.usable else None
+        if h is not None and h > 0 and name in catalog.models:
+            scale[name] = 1.0 / (1.0 - min(h, MAX_PREFIX_DISCOUNT))
+    if not scale:
+        return catalog
+    profiles = dict(catalog.profiles)
+    for name, k in scale.items():
+        for flavor in catalog.models[name].parallelism:
+            key = profile_key(name, flavor)
+            prof = profiles[key]
+            profiles[key] = prof.model_copy(update={"prefill_tokens_per_s": prof.prefill_tokens_per_s * k})
+    return catalog.model_copy(update={"profiles": profiles})
+
+
 def within_context(mix: RequestMix, max_model_len: int | None) -> RequestMix:
     """The mix with its prompt lengths cut at the model's context: the engine rejects a longer request
     (vLLM answers 400) and spends nothing on it, so no capacity is sized for one. Cutting, not dropping,
@@ -384,20 +418,13 @@ def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]
     return out, fallback
 
 
-def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
-             corrections: dict[tuple[str, str], Correction] | None = None,
-             forecaster: Forecaster = last_value, settings: EstimateSettings = EstimateSettings(),
-             previous: dict[str, Demand] | None = None) -> dict[str, Demand]:
-    """Demand per catalog model. A model with no usable signals gets state HOLD with the reason.
-    ``previous``: last period's demands, whose capacities start this period's searches (a speed-up only)."""
-    corrections = corrections or {}
-    out: dict[str, Demand] = {}
-    none = Correction()
-    observed = {name: (sig.mix if sig and sig.mix else None) or prior_mix(catalog, name)
-                for name in catalog.models for sig in (signals.get(name),)}
-    mixes = {name: within_context(mix, catalog.models[name].max_model_len) for name, mix in observed.items()}
+def _capacities_of(catalog: Catalog, mixes: dict[str, RequestMix], corrections: dict[tuple[str, str], Correction],
+                   settings: EstimateSettings, previous: dict[str, Demand] | None
+                   ) -> dict[str, dict[str, ReplicaCapacity]]:
+    """Per model and flavor, one replica's capacity for the model's mix, all pairs in one batch."""
     pairs = [(name, f) for name, spec in catalog.models.items() for f in spec.parallelism]
     profiles = catalog.profiles
+    none = Correction()
     guesses = None
     if previous:
         guesses = [c.batch if (d := previous.get(m)) and (c := d.capacity.get(f)) else 0.0 for m, f in pairs]
@@ -408,6 +435,22 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     caps_of: dict[str, dict[str, ReplicaCapacity]] = {name: {} for name in catalog.models}
     for (m, f), c in zip(pairs, all_caps, strict=True):
         caps_of[m][f] = c
+    return caps_of
+
+
+def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
+             corrections: dict[tuple[str, str], Correction] | None = None,
+             forecaster: Forecaster = last_value, settings: EstimateSettings = EstimateSettings(),
+             previous: dict[str, Demand] | None = None) -> dict[str, Demand]:
+    """Demand per catalog model. A model with no usable signals gets state HOLD with the reason.
+    ``previous``: last period's demands, whose capacities start this period's searches (a speed-up only)."""
+    corrections = corrections or {}
+    catalog = with_prefix_hits(catalog, signals)
+    out: dict[str, Demand] = {}
+    observed = {name: (sig.mix if sig and sig.mix else None) or prior_mix(catalog, name)
+                for name in catalog.models for sig in (signals.get(name),)}
+    mixes = {name: within_context(mix, catalog.models[name].max_model_len) for name, mix in observed.items()}
+    caps_of = _capacities_of(catalog, mixes, corrections, settings, previous)
     best_effort: dict[str, str] = {}
     fallback: dict[str, dict[str, ReplicaCapacity]] = {}
     if settings.best_effort:
@@ -475,6 +518,8 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
     """New corrections from observed latency per (model, flavor); unobserved pairs keep theirs, and so do
     pairs whose window finished fewer than ``min_samples`` requests (when the count is known).
     ``smoothing``: weight of this window (``correction_smoothing(period)`` in the loops)."""
+    # Predictions with the prefill the estimate sizes with: observed prefix-cache hits are not a fast profile.
+    catalog = with_prefix_hits(catalog, signals)
     out = dict(previous)
     todo: list[tuple[tuple[str, str], Profile, SLO, RequestMix, float, float | None, float, float | None]] = []
     for name, sig in signals.items():

@@ -105,6 +105,9 @@ class ModelSignals:
     in_flight: float | None = None
     # TTFT p95 as clients see it: from arrival at the ingress to the first byte, queues in Serve included.
     client_ttft_p95_s: float | None = None
+    # Prompt tokens the engines found in their prefix caches over those they looked up, over the window
+    # (vLLM's prefix_cache_hits / prefix_cache_queries). None: not observed (caching off, no lookups).
+    prefix_hit_rate: float | None = None
 
     @property
     def usable(self) -> bool:

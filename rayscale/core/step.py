@@ -27,10 +27,13 @@ ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
 
 @dataclass(frozen=True)
 class ServeView:
-    """Serve's replicas as observed: the target it was told and how many run, per (model, flavor)."""
+    """Serve's replicas as observed, per (model, flavor): the target it was told, how many exist (starting
+    and stopping ones too) and how many serve (RUNNING: they take requests; None: not observed, then the
+    existing ones count)."""
 
     target: Mapping[tuple[str, str], int]
     running: Mapping[tuple[str, str], int]
+    serving: Mapping[tuple[str, str], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,9 @@ def step(ctx: StepContext) -> StepResult:
     result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner)
     actions: tuple[Action, ...] = ()
     if ctx.serve is not None:
+        serving = ctx.serve.running if ctx.serve.serving is None else ctx.serve.serving
         actions = tuple(decide(catalog, result.target(), list(ctx.gangs), dict(ctx.serve.target),
-                               dict(ctx.serve.running), unavailable, ctx.now, cfg.act))
+                               dict(ctx.serve.running), unavailable, ctx.now, cfg.act, dict(serving)))
     for a in actions:
         if isinstance(a, BackOff):
             unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s

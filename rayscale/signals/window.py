@@ -8,9 +8,10 @@ the delta); gauges take the newest value. A model whose newest sample is older t
 is STALE; one never seen is MISSING; a model whose counters stood still is FRESH with zero load.
 
 Freshness is the engines'. The ingress's series (``ray_rayscale_ingress_*``: in flight, waiting for a first
-byte, accepted, TTFT from arrival to first byte) and Serve's router queues (``ray_serve_deployment_queued_
-queries``) see what waits before an engine, and are attached whatever the engines' freshness: a model whose
-engine metrics are missing while the ingress holds its requests is loaded, not idle.
+byte, accepted, TTFT from arrival to first byte, held while no replica of the model can serve) and Serve's
+router queues (``ray_serve_deployment_queued_queries``) see what waits before an engine, and are attached
+whatever the engines' freshness: a model whose engine metrics are missing while the ingress holds its
+requests is loaded, not idle.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rayscale.serve.metrics import (
     INGRESS_WAITING,
     SERVE_QUEUED_EXPORTED,
 )
+from rayscale.serve.readiness import HELD_EXPORTED
 
 Labels = tuple[tuple[str, str], ...]
 SeriesKey = tuple[str, Labels]  # (metric name, sorted labels)
@@ -47,11 +49,15 @@ GEN_HIST = P + "request_generation_tokens"  # per finished request: the exact ou
 RUNNING = P + "num_requests_running"
 WAITING = P + "num_requests_waiting"
 KV = P + "kv_cache_usage_perc"
+# vLLM's prefix cache counters (vllm:prefix_cache_queries / _hits, in prompt tokens), as Ray exports them.
+PREFIX_QUERIES = P + "prefix_cache_queries_total"
+PREFIX_HITS = P + "prefix_cache_hits_total"
 
 IN_FLIGHT = INGRESS_EXPORTED[INGRESS_IN_FLIGHT]
 ING_WAITING = INGRESS_EXPORTED[INGRESS_WAITING]
 ACCEPTED = INGRESS_EXPORTED[INGRESS_ARRIVALS]
 CLIENT_TTFT = INGRESS_EXPORTED[INGRESS_TTFT]
+HELD = HELD_EXPORTED  # held by the ingress: no replica of the model can serve yet (starting or at zero)
 SERVE_QUEUED = SERVE_QUEUED_EXPORTED
 # The ingress deployment's name (rayscale.serve.app.INGRESS_NAME): the proxy's router queues for it before
 # the request's model is known.
@@ -111,6 +117,16 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return bs[-1][0]
+
+
+def prefix_hit_rate(counters: dict[str, float]) -> float | None:
+    """Prompt tokens found cached over those looked up, from the window's counter deltas; None when either
+    counter is missing (prefix caching off, an engine that does not export them) or nothing was looked up:
+    an unobserved hit rate is never read as 0 or guessed."""
+    queries, hits = counters.get(PREFIX_QUERIES), counters.get(PREFIX_HITS)
+    if queries is None or hits is None or queries <= 0:
+        return None
+    return min(max(hits / queries, 0.0), 1.0)
 
 
 def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
@@ -202,6 +218,7 @@ class IngressView:
     arrival_rate_rps: float | None  # requests the ingress accepted per second; None: under two scrapes
     client_ttft_p95_s: float | None  # arrival at the ingress -> first byte, over the window
     age_s: float
+    held: float = 0.0  # of in_flight and waiting: held until a replica of the model can serve
 
 
 def _model_of(deployment: str) -> str:
@@ -247,10 +264,13 @@ def ingress_views(ok: Sequence[Scrape], now: float, window_s: float, stale_after
     win = [s for s in ok if s.t >= now - window_s]
     out: dict[str, IngressView] = {}
     for m, s in newest.items():
-        in_flight = _ingress_total(s, IN_FLIGHT, m) or 0.0
+        # Held requests are in flight and waiting too; counted apart, they are load even where the
+        # ingress's other series are missing (a model at zero replicas has no engine to report them).
+        held = _ingress_total(s, HELD, m) or 0.0
+        in_flight = max(_ingress_total(s, IN_FLIGHT, m) or 0.0, held)
         queued = serve_queued(s)
         engines_queue = sum(v for d, v in queued.items() if _model_of(d) == m) + _engine_waiting(s, m)
-        waiting = max(_ingress_total(s, ING_WAITING, m) or 0.0, engines_queue)
+        waiting = max(_ingress_total(s, ING_WAITING, m) or 0.0, engines_queue, held)
         rate = ttft = None
         if len(win) >= 2:
             first, last = win[0], win[-1]
@@ -264,7 +284,7 @@ def ingress_views(ok: Sequence[Scrape], now: float, window_s: float, stale_after
                 if n == CLIENT_TTFT + "_bucket" and _label(lb, "model") == m:
                     buckets[float(_label(lb, "le") or "inf")] += _delta(v, first.series.get((n, lb)))
             ttft = histogram_quantile(0.95, buckets)
-        out[m] = IngressView(in_flight, waiting, rate, ttft, now - s.t)
+        out[m] = IngressView(in_flight, waiting, rate, ttft, now - s.t, held)
     # The proxy's router holds requests for the ingress before their model is known.
     total = sum(v.in_flight for v in out.values())
     for m, view in out.items():
@@ -391,7 +411,7 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
             waiting=waiting_now, running=sum(a.gauges.get(RUNNING, [])),
             ttft_p95_s=histogram_quantile(0.95, a.buckets.get(TTFT, {})),
             tpot_p95_s=histogram_quantile(0.95, a.buckets.get(TPOT, {})),
-            kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=flav,
+            kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=flav, prefix_hit_rate=prefix_hit_rate(a.counters),
         ), views.get(m))
     return out
 

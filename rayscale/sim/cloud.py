@@ -2,7 +2,9 @@
 
 A replica is a gang (rayscale.core.gangs.gang_shape): it is live only once every node of the gang is Ready
 and the replica itself has started (image pull + model load). Delays are log-normal around the catalog's
-means (Flavor.node_startup_s, Profile.startup_s), so GPU flavors start slower than the local CPU flavor.
+means (Flavor.node_startup_s, Profile.startup_s: the start-up the catalog's fast-start choices imply), so GPU
+flavors start slower than the local CPU flavor; a replica on a node that served before skips the image pull
+(Catalog.startup), as a reused node, or a second replica on a gang, holds the image already.
 A launch attempt in a (flavor, zone, capacity type) may fail with an insufficient-capacity error; the
 actuator then backs that zone off and retries the gang in another zone (rayscale.core.gangs.choose_zone).
 Spot nodes get interrupted as a Poisson process with a 2-minute notice: the replica drains at the notice
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from dataclasses import astuple, dataclass, field
 from enum import StrEnum
 
@@ -46,6 +49,18 @@ class Outage:
 
 
 @dataclass(frozen=True)
+class Reclaim:
+    """A correlated spot reclaim: at ``at_s`` every spot node of the flavor in the zone gets its notice at
+    once (None: every flavor / zone), as when a provider takes back a whole capacity pool. ``largest``: the
+    (flavor, zone) spot pool holding the most nodes at that moment, whichever it is (the worst case)."""
+
+    at_s: float
+    flavor: str | None = None
+    zone: str | None = None
+    largest: bool = False
+
+
+@dataclass(frozen=True)
 class CloudConfig:
     node_startup_sigma: float = 0.25  # log-normal shape of launch -> Ready (mean: Flavor.node_startup_s)
     replica_startup_sigma: float = 0.2  # log-normal shape of replica start (mean: Profile.startup_s)
@@ -55,6 +70,7 @@ class CloudConfig:
     outages: tuple[Outage, ...] = ()
     spot_interruptions_per_node_h: float = 0.01  # assumption; AWS advisor buckets GPU spot at <5%/month
     spot_notice_s: float = 120.0
+    reclaims: tuple[Reclaim, ...] = ()
     capacity_error_delay_s: float = 5.0  # CreateFleet reports InsufficientInstanceCapacity quickly
     backoff_s: float = 300.0  # a zone stays backed off this long after a capacity error
 
@@ -107,6 +123,8 @@ class Node:
     gang: int | None = None
     serving_s: float = 0.0  # time spent under a live or draining replica
     serve_since: float | None = None
+    image_cached: bool = False  # a replica went live here, so the serving image is on its disk
+    noticed: bool = False  # its spot interruption notice came (one per node)
 
 
 @dataclass
@@ -192,6 +210,13 @@ class Cluster:
         self.by_name: dict[str, Gang] = {}
         self.replicas: dict[int, Replica] = {}  # named gangs' replicas by id
         self._rdraining: set[int] = set()
+        # Spot notices that took a serving replica away, and how long each took to be made good: the next
+        # replica to go live after a notice counts as its replacement.
+        self._lost_at: list[float] = []
+        self.replacement_lags_s: list[float] = []
+        if not act.instant:
+            for i, rc in enumerate(cloud.reclaims):
+                self._push(rc.at_s, "reclaim_wave", i)
 
     # --- bookkeeping ----------------------------------------------------------------------------
 
@@ -368,10 +393,14 @@ class Cluster:
             return
         self._start_replica(g, now, instant)
 
+    def _replica_start_s(self, g: Gang) -> float:
+        """Mean replica start on this gang's nodes: one that served before (a reused node) skips the image pull."""
+        cached = bool(g.nodes) and all(n.image_cached for n in g.nodes)
+        return self.catalog.startup(self.model, g.flavor).replica_s(image_cached=cached)
+
     def _start_replica(self, g: Gang, now: float, instant: bool = False) -> None:
         g.state = GangState.STARTING
-        prof = self.catalog.profile(self.model, g.flavor)
-        delay = 0.0 if instant else self._lognormal(prof.startup_s, self.cloud.replica_startup_sigma)
+        delay = 0.0 if instant else self._lognormal(self._replica_start_s(g), self.cloud.replica_startup_sigma)
         if delay <= 0:
             self._go_live(g, now)
         else:
@@ -382,10 +411,12 @@ class Cluster:
             return
         g.state = GangState.LIVE
         g.t_live = now
+        self._replaced(now)
         prof = self.catalog.profile(self.model, g.flavor)
         g.engine_rid = self.engine.add_replica(prof, self.flavors.index(g.flavor), self.slot_cap)
         for node in g.nodes:
             node.serve_since = now
+            node.image_cached = True
 
     def _remove(self, g: Gang, now: float) -> None:
         if g.state == GangState.LIVE:
@@ -503,8 +534,7 @@ class Cluster:
         r = Replica(self._id(), g.id, GangState.STARTING, now)
         g.replicas.append(r)
         self.replicas[r.id] = r
-        prof = self.catalog.profile(self.model, g.flavor)
-        delay = 0.0 if instant else self._lognormal(prof.startup_s, self.cloud.replica_startup_sigma)
+        delay = 0.0 if instant else self._lognormal(self._replica_start_s(g), self.cloud.replica_startup_sigma)
         if delay <= 0:
             self._replica_live(r, now)
         else:
@@ -515,13 +545,19 @@ class Cluster:
         if r.state != GangState.STARTING or g is None:
             return
         r.state = GangState.LIVE
+        self._replaced(now)
         r.engine_rid = self.engine.add_replica(self.catalog.profile(self.model, g.flavor),
                                                self.flavors.index(g.flavor), self.slot_cap)
         if g.t_live is None:
             g.t_live = now
         for node in g.nodes:
+            node.image_cached = True
             if node.serve_since is None:
                 node.serve_since = now
+
+    def _replaced(self, now: float) -> None:
+        if self._lost_at:
+            self.replacement_lags_s.append(now - self._lost_at.pop(0))
 
     def _stop_replica(self, r: Replica, now: float) -> None:
         """Serve stops a replica: a live one drains (its requests finish), a starting one is cancelled."""
@@ -640,13 +676,27 @@ class Cluster:
                 return
             g.state = GangState.WAITING
             self._launch(g, t)  # another zone, or stop if none is left
+        elif kind == "reclaim_wave":
+            rc = self.cloud.reclaims[obj]
+            up = [n for n in self.nodes.values() if n.capacity_type == CapacityType.SPOT.value
+                  and n.t_end is None and n.t_ready is not None and not n.noticed]
+            pools = Counter((n.flavor, n.zone) for n in up)
+            flavor, zone = rc.flavor, rc.zone
+            if rc.largest and pools:
+                (flavor, zone), _ = pools.most_common(1)[0]
+            for node in up:
+                if flavor in (None, node.flavor) and zone in (None, node.zone):
+                    self._handle(t, "notice", node.id)
         elif kind == "notice":
             node = self.nodes[obj]
-            if node.t_end is not None:
+            if node.t_end is not None or node.noticed:
                 return
+            node.noticed = True
             self.spot_interruptions += 1
             self._push(t + self.cloud.spot_notice_s, "reclaim", node.id)
             g = self.gangs.get(node.gang) if node.gang is not None else None
+            if g is not None and (g.state == GangState.LIVE or any(r.state == GangState.LIVE for r in g.replicas)):
+                self._lost_at.append(t)
             if g is not None and g.name is not None:
                 g.failed = f"spot interruption notice for {node.id}"
                 if g.state == GangState.READY:

@@ -22,6 +22,11 @@ prefill terms (prefill_seq_s, prefill_quadratic_s) are charged as extra prompt t
 rayscale.sim.iteration is the same engine stepped one vLLM iteration at a time (``EngineConfig(model=
 "iteration")``), which the fluid model approximates per tick.
 
+With the requests' prompt block hashes (a Mooncake trace's ``hash_ids``) and ``EngineConfig.prefix_caching``
+(on, as in vLLM), each replica keeps a prefix cache (rayscale.sim.prefix): the prompt tokens a request finds
+cached on the replica it is routed to are not prefilled, so its TTFT and the prefill chunks it puts beside
+decodes shrink; its KV reservation stays the whole request's.
+
 Why it is fast: no Python object per request. In-flight requests live in a few parallel numpy arrays.
 All running requests of a replica decode at the same rate, so each replica keeps a *virtual token clock*
 V (decode iterations done so far); a request that starts decoding at V=v finishes when V reaches v+O-1,
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,7 @@ import numpy.typing as npt
 from rayscale.core.attainment import CHUNK_TOKENS
 from rayscale.core.catalog import Profile
 from rayscale.extras import missing_extra
+from rayscale.sim.prefix import PrefixCaches
 
 try:  # the engine's tick functions are compiled at import
     import numba
@@ -96,6 +103,8 @@ class EngineConfig:
     # "fluid": this module, a compiled pass per tick (fast); "iteration": vLLM's scheduler one engine iteration at a
     # time (rayscale.sim.iteration; slower, and what bench/fidelity.py checks against the real engine).
     model: str = "fluid"
+    # vLLM's automatic prefix caching (on by default in vLLM V1): used where the requests carry block hashes.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not self.tick_s > 0:
@@ -136,14 +145,17 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, plain: bool,
           p_req: I64, p_rep: I64, p_rem: F64, p_tadm: F64, p_tfirst: F64, p_vend: F64,
           r_run: I64, r_kv: I64, r_alpha: F64, r_beta: F64, r_R: F64, r_over: F64, r_q: F64, r_seq: F64, r_chunk: F64,
           r_V: F64, r_flavor: npt.NDArray[np.int16],
-          prompt: I64, output: I64, arr: F64, queue_s: npt.NDArray[np.float32], pf_started: npt.NDArray[np.bool_],
+          prompt: I64, output: I64, kv_req: I64, arr: F64, queue_s: npt.NDArray[np.float32],
+          pf_started: npt.NDArray[np.bool_],
           status: npt.NDArray[np.int8], ttft: npt.NDArray[np.float32], tpot: npt.NDArray[np.float32],
           t_fin: F64, flavor_of: npt.NDArray[np.int16], out_req: I64, out_t: F64) -> int:
     """One tick of every replica, in place (Engine.step's body; the module docstring has the model).
 
     Compiled (numba), one pass per stage over the in-flight pool: at 100 req/s a tick touches a few
     hundred entries, and the same stages as numpy calls cost a fixed ~0.2 ms per tick in call overhead.
-    Returns how many requests finished; their trace indices and finish times are in out_req / out_t."""
+    ``prompt``: the tokens each request prefills (its prompt less its prefix-cache hit); ``kv_req``: the KV
+    tokens it reserved. Returns how many requests finished; their trace indices and finish times are in
+    out_req / out_t."""
     T1 = T + dt
     s = np.empty(nr)
     vrate = np.empty(nr)
@@ -233,7 +245,7 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, plain: bool,
             t_fin[q] = tf
             flavor_of[q] = r_flavor[r]
             r_run[r] -= 1
-            r_kv[r] -= prompt[q] + o
+            r_kv[r] -= kv_req[q]
             p_tfirst[j] = np.inf  # a tombstone: never starts, never finishes
             p_vend[j] = np.inf
             out_req[k] = q
@@ -296,7 +308,8 @@ class Engine:
     """All replicas of one model. Replicas are added by the cloud model once their gang is live."""
 
     def __init__(self, arrival_s: F64, prompt: I64, output: I64, cfg: EngineConfig = EngineConfig(),
-                 max_kv_tokens: int | None = None) -> None:
+                 max_kv_tokens: int | None = None, hash_ids: npt.NDArray[np.object_] | None = None,
+                 block_tokens: int = 512) -> None:
         self.cfg = cfg
         self.arr = np.asarray(arrival_s, dtype=np.float64)
         self.P = np.asarray(prompt, dtype=np.int64)
@@ -305,6 +318,12 @@ class Engine:
         self._kv = self.P + self.O  # KV tokens a request reserves
         self._kv_list = self._kv.tolist()  # the iteration model's loops read these one by one
         self._arr_list = self.arr.tolist()
+        # Prefix caches where the requests carry block hashes; Pf: the tokens each request prefills (its
+        # prompt less what it found cached), P itself without caches.
+        self.prefix = (PrefixCaches(hash_ids, self.P, block_tokens)
+                       if hash_ids is not None and cfg.prefix_caching else None)
+        self.Pf = self.P.copy() if self.prefix is not None else self.P
+        self._pc_marks: deque[tuple[float, int, int]] = deque([(0.0, 0, 0)])  # (time, queries, hits)
         # Per-request results.
         self.status = np.zeros(n, dtype=np.int8)
         self.ttft = np.full(n, np.nan, dtype=np.float32)
@@ -379,6 +398,8 @@ class Engine:
         self._plain_prefill = self._plain_prefill and not (profile.prefill_quadratic_s or profile.prefill_seq_s)
         self.r_slots[r] = min(profile.max_num_seqs, slot_cap) if slot_cap else profile.max_num_seqs
         self.r_kvcap[r] = profile.kv_tokens
+        if self.prefix is not None:
+            self.prefix.add_replica(profile.kv_tokens)
         return r
 
     def drain(self, r: int) -> None:
@@ -392,6 +413,8 @@ class Engine:
         if self.r_state[r] == DRAINING:
             self.n_draining -= 1
         self.r_state[r] = STOPPED
+        if self.prefix is not None:
+            self.prefix.clear(r)
         m = self.m
         hit = (self.p_rep[:m] == r) & self._alive(m)
         k = int(hit.sum())
@@ -418,6 +441,21 @@ class Engine:
     @property
     def in_flight(self) -> int:
         return self.live_m
+
+    def prefix_hit_rate(self, now: float, window_s: float) -> float | None:
+        """Prompt tokens found in the prefix caches over those looked up, over about the last ``window_s``
+        (vLLM's prefix_cache_hits / prefix_cache_queries, differenced as the controller does); None without
+        prefix caching or lookups in the window: never observed is not a hit rate of 0."""
+        if self.prefix is None:
+            return None
+        marks = self._pc_marks
+        if now > marks[-1][0]:
+            marks.append((now, self.prefix.total_queries, self.prefix.total_hits))
+        while len(marks) > 2 and marks[1][0] <= now - window_s:
+            marks.popleft()
+        _, q0, h0 = marks[0]
+        queries = self.prefix.total_queries - q0
+        return (self.prefix.total_hits - h0) / queries if queries > 0 else None
 
     def kv_usage(self) -> float:
         live = self.r_state[: self.nr] != STOPPED
@@ -499,7 +537,9 @@ class Engine:
         k = len(req)
         m = self.m
         self._grow_pool(m + k)
-        p = self._effective_prompt(self.P[req], rep)
+        if self.prefix is not None:
+            self.Pf[req] = self.P[req] - self.prefix.admit_many(req, rep)
+        p = self._effective_prompt(self.Pf[req], rep)
         self.p_req[m : m + k] = req
         self.p_rep[m : m + k] = rep
         self.p_tadm[m : m + k] = tadm
@@ -524,7 +564,8 @@ class Engine:
         k = _tick(T, dt, m, self.nr, self.cfg.prefill_contention,
                   self._plain_prefill, self.p_req, self.p_rep, self.p_rem, self.p_tadm, self.p_tfirst, self.p_vend,
                   self.r_run, self.r_kv, self.r_alpha, self.r_beta, self.r_R, self.r_over, self.r_q, self.r_seq,
-                  self.r_chunk, self.r_V, self.r_flavor, self.P, self.O, self.arr, self.queue_s, self._pf_started, self.status,
+                  self.r_chunk, self.r_V, self.r_flavor, self.Pf, self.O, self._kv, self.arr, self.queue_s,
+                  self._pf_started, self.status,
                   self.ttft, self.tpot, self.t_fin, self.flavor_of, done_req, done_t)
         if k:  # the kernel left tombstones; compact once they dominate (as _bury does)
             self.dead += k
@@ -554,10 +595,14 @@ class Engine:
 
 
 def make_engine(arrival_s: F64, prompt: I64, output: I64, cfg: EngineConfig = EngineConfig(),
-                max_kv_tokens: int | None = None) -> Engine:
-    """The engine model ``cfg.model`` names, over one model's requests."""
+                max_kv_tokens: int | None = None, hash_ids: npt.NDArray[np.object_] | None = None,
+                block_tokens: int = 512) -> Engine:
+    """The engine model ``cfg.model`` names, over one model's requests (``hash_ids``: their prompt block
+    hashes, ``block_tokens`` tokens a block, for the prefix caches)."""
     if cfg.model == "iteration":
+        # Imported here: iteration builds on this module's types and constants, so a module-level
+        # import would be a cycle.
         from rayscale.sim.iteration import IterationEngine
 
-        return IterationEngine(arrival_s, prompt, output, cfg, max_kv_tokens)
-    return Engine(arrival_s, prompt, output, cfg, max_kv_tokens)
+        return IterationEngine(arrival_s, prompt, output, cfg, max_kv_tokens, hash_ids, block_tokens)
+    return Engine(arrival_s, prompt, output, cfg, max_kv_tokens, hash_ids, block_tokens)

@@ -17,6 +17,8 @@ engine's (rayscale.sim.engine); what happens inside a replica follows vLLM V1's 
   prefill_seq_s + k / prefill_tokens_per_s + prefill_quadratic_s (k^2 + 2 k c);
 - overhead_s - prefill_seq_s - b0 is latency outside the engine (API server, streaming): added to every
   token the client sees, not engine time.
+- a prompt that finds its prefix in the replica's prefix cache (rayscale.sim.prefix) starts with those
+  tokens computed (c > 0 at its first chunk) and prefills only the rest.
 
 A lone request therefore costs exactly the profile's TTFT while its prompt fits one iteration, and a
 pure decode batch exactly itl_s(d). Unlike the fluid model this costs Python work per iteration that
@@ -32,6 +34,7 @@ import math
 from collections import deque
 
 import numpy as np
+import numpy.typing as npt
 
 from rayscale.core.catalog import Profile
 from rayscale.sim.engine import (
@@ -47,8 +50,10 @@ from rayscale.sim.engine import (
     TickResult,
 )
 
-# A waiting or partially prefilled prompt: [trace index, tokens left, tokens computed, admission time].
-_REQ, _LEFT, _CTX, _TADM = 0, 1, 2, 3
+# A waiting or partially prefilled prompt: [trace index, tokens left, tokens computed, admission time, tokens
+# found in the prefix cache]. A prefix-cache hit starts computed (vLLM's num_computed_tokens), so its chunks
+# attend to the cached prefix and only the rest is prefilled.
+_REQ, _LEFT, _CTX, _TADM, _HIT = 0, 1, 2, 3, 4
 
 
 def _iterations_to(gap: float, s: float, S: int, d: int, quad: float) -> int:
@@ -67,8 +72,9 @@ class IterationEngine(Engine):
     """All replicas of one model, each stepped iteration by iteration (module docstring)."""
 
     def __init__(self, arrival_s: F64, prompt: I64, output: I64, cfg: EngineConfig,
-                 max_kv_tokens: int | None = None) -> None:
-        super().__init__(arrival_s, prompt, output, cfg, max_kv_tokens)
+                 max_kv_tokens: int | None = None, hash_ids: npt.NDArray[np.object_] | None = None,
+                 block_tokens: int = 512) -> None:
+        super().__init__(arrival_s, prompt, output, cfg, max_kv_tokens, hash_ids, block_tokens)
         self._out = self.O.tolist()
         self._p_list = self.P.tolist()
         # Per replica.
@@ -97,10 +103,17 @@ class IterationEngine(Engine):
                            profile.prefill_quadratic_s, front, pi))
         return r
 
+    def _waiting(self, q: int, r: int, t: float) -> list[float]:
+        """Request q's entry in replica r's prefill queue, admitted at t, past its prefix-cache hit."""
+        if self.prefix is None:
+            return [q, self._p_list[q], 0, t, 0]
+        c = self.prefix.admit(q, r)
+        self.Pf[q] = self._p_list[q] - c
+        return [q, self._p_list[q] - c, c, t, c]
+
     def _enqueue(self, req: I64, rep: I64, tadm: F64) -> None:
-        P = self._p_list
         for q, r, t in zip(req.tolist(), rep.tolist(), tadm.tolist(), strict=True):
-            self._pf[r].append([q, P[q], 0, t])
+            self._pf[r].append(self._waiting(q, r, t))
             self._busy.add(r)
         self.live_m += len(req)
 
@@ -161,12 +174,12 @@ class IterationEngine(Engine):
             return
         never = self.never_fit if self.never_fit is not None else math.inf
         run, slots, kv, kvcap = int(self.r_run[r]), int(self.r_slots[r]), int(self.r_kv[r]), int(self.r_kvcap[r])
-        pf, P, kv_list, arr = self._pf[r], self._p_list, self._kv_list, self._arr_list
+        pf, kv_list, arr = self._pf[r], self._kv_list, self._arr_list
         while i < end and run < slots and arr[i] < T1:
             need = kv_list[i]
             if need > never or kv + need > kvcap:
                 break  # the tick's admission fails it or finds it room elsewhere
-            pf.append([i, P[i], 0, arr[i] if arr[i] > t else t])
+            pf.append(self._waiting(i, r, arr[i] if arr[i] > t else t))
             run += 1
             kv += need
             i += 1
@@ -218,7 +231,7 @@ class IterationEngine(Engine):
                     left = e[_LEFT]
                     k = int(left if left <= room else room)
                     c = e[_CTX]
-                    if c == 0:
+                    if c == e[_HIT]:  # its first chunk
                         q = int(e[_REQ])
                         queue_s[q] = t - arr[q]
                     cost += seq + k * inv_r + quad * (k * k + 2 * k * c)

@@ -46,7 +46,7 @@ from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
 from rayscale.sim.provider import SimProvider
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the simulator imports the policies it runs: for annotations only, or a cycle
     from rayscale.sim.simulator import Simulation
 
 # What `rayscale simulate --policy all` runs; static-peak and the alias oracle (= fluid-bound) on request.

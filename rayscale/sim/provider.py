@@ -48,17 +48,23 @@ class SimProvider:
     def delete_gang(self, name: str) -> None:
         self.cluster.delete_named(name, self.now)
 
+    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
+        return []  # Serve's targets live in the simulated cluster itself
+
     def close(self) -> None:
         return None
 
     def serve_view(self) -> ServeView:
         running: dict[tuple[str, str], int] = {}
+        serving: dict[tuple[str, str], int] = {}
         # Every replica Serve still runs, those draining on a deleted gang included (until they finish).
         for g in self.cluster.gangs.values():
             if g.name is not None and g.replicas:
-                running[(self.model, g.flavor)] = running.get((self.model, g.flavor), 0) + len(g.replicas)
+                mf = (self.model, g.flavor)
+                running[mf] = running.get(mf, 0) + len(g.replicas)
+                serving[mf] = serving.get(mf, 0) + sum(r.state == GangState.LIVE for r in g.replicas)
         target = {(self.model, f): n for f, n in self.cluster.serve_target.items()}
-        return ServeView(target, running)
+        return ServeView(target, running, serving)
 
     def set_replicas(self, model: str, flavor: str, replicas: int) -> None:
         self.cluster.set_serve_target(flavor, replicas, self.now)

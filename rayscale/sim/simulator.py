@@ -129,7 +129,9 @@ class Simulation:
         self.output = np.maximum(np.minimum(out, limit - self.prompt) if limit else out, 1)
         if len(self.arr) == 0:
             raise ValueError(f"trace {trace.name!r}: every request is longer than {cfg.model}'s max_model_len {limit}")
-        self.engine = make_engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv)
+        hashes = trace.hash_ids[served] if trace.hash_ids is not None else None  # prefix caches (sim.prefix)
+        self.engine = make_engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv,
+                                  hash_ids=hashes, block_tokens=trace.hash_block_tokens)
         self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
                                slot_cap=policy.slot_cap)
         self.flavors = flavors
@@ -256,6 +258,7 @@ class Simulation:
             tpot_p95_s=p95(tpot) if len(tpot) else None,
             kv_usage=eng.kv_usage(), per_flavor=per_flavor,
             arrival_counts=self.arrival_counts(now), arrival_bin_s=self.cfg.control_period_s,
+            prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s),
         )
 
     def _last_finished(self, k: int) -> np.ndarray:
@@ -277,57 +280,73 @@ class Simulation:
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self, progress: bool = False) -> SimResult:
-        t0 = time.perf_counter()
-        cfg, eng, cl = self.cfg, self.engine, self.cluster
-        dt = cfg.engine.tick_s
-        n = len(self.arr)
-        last = float(self.arr[-1])
-        self.policy.warm_start(self)
-        cl.advance(0.0)
-        next_control = cfg.control_period_s
-        next_sample = 0.0
-        T = 0.0
-        ticks = 0
-        bar = _progress(last, progress)
-        books: CloudTotals | None = None  # the cloud's books when the warm-up ended
+        self.begin(progress)
         while True:
-            if books is None and cfg.warmup_s > 0 and cfg.warmup_s <= T + 1e-9:
-                books = cl.snapshot(T)
-                if isinstance(self.policy, OraclePolicy):
-                    self.policy.mark_warmup(T)
-            if next_control <= T + 1e-9:
-                self.policy.control(T, self)
-                next_control += cfg.control_period_s
-            if next_sample <= T + 1e-9:
-                self._samples.append((T, cl.usd_per_h(), cl.live_by_flavor(), eng.waiting + eng.in_flight))
-                next_sample += cfg.timeline_bucket_s
-            cl.advance(T)
-            res = eng.step(T, dt)
-            T += dt
-            ticks += 1
-            if len(res.done):
-                self._done.append((T, res.done))
-            ongoing = float(eng.waiting + eng.in_flight)
-            self._ongoing.append((T, ongoing))
-            self._ongoing_sum += ongoing
-            if len(self._ongoing) > 4096:  # keep the window bounded even if nobody reads it
-                self.mean_ongoing(T, 600.0)
-            if bar is not None and ticks % 400 == 0:
-                bar.update(min(T, last) - bar.n)
-            if last < T and eng.q_head >= n and eng.in_flight == 0:
+            self.tick()
+            if self.done():
                 break
-            if last + cfg.drain_tail_s < T:
-                break
+        return self.end()
+
+    def begin(self, progress: bool = False) -> None:
+        """Warm-start the policy and open the clock; ``tick`` then advances it one engine tick at a time (the
+        multi-model simulation, rayscale.sim.multi, ticks several of these in lockstep)."""
+        self._t0 = time.perf_counter()
+        self.policy.warm_start(self)
+        self.cluster.advance(0.0)
+        self._next_control = self.cfg.control_period_s
+        self._next_sample = 0.0
+        self.now = 0.0
+        self.ticks = 0
+        self._bar = _progress(float(self.arr[-1]), progress)
+        self._books: CloudTotals | None = None  # the cloud's books when the warm-up ended
+
+    def tick(self) -> None:
+        """One engine tick: the warm-up's books, the policy's period, a timeline sample, cloud events, engine."""
+        cfg, eng, cl, T = self.cfg, self.engine, self.cluster, self.now
+        if self._books is None and cfg.warmup_s > 0 and cfg.warmup_s <= T + 1e-9:
+            self._books = cl.snapshot(T)
+            if isinstance(self.policy, OraclePolicy):
+                self.policy.mark_warmup(T)
+        if self._next_control <= T + 1e-9:
+            self.policy.control(T, self)
+            self._next_control += cfg.control_period_s
+        if self._next_sample <= T + 1e-9:
+            self._samples.append((T, cl.usd_per_h(), cl.live_by_flavor(), eng.waiting + eng.in_flight))
+            self._next_sample += cfg.timeline_bucket_s
+        cl.advance(T)
+        res = eng.step(T, cfg.engine.tick_s)
+        T = self.now = T + cfg.engine.tick_s
+        self.ticks += 1
+        if len(res.done):
+            self._done.append((T, res.done))
+        ongoing = float(eng.waiting + eng.in_flight)
+        self._ongoing.append((T, ongoing))
+        self._ongoing_sum += ongoing
+        if len(self._ongoing) > 4096:  # keep the window bounded even if nobody reads it
+            self.mean_ongoing(T, 600.0)
+        if self._bar is not None and self.ticks % 400 == 0:
+            self._bar.update(min(T, float(self.arr[-1])) - self._bar.n)
+
+    def done(self) -> bool:
+        """Every request finished after the last arrival, or the drain tail ran out."""
+        last, T = float(self.arr[-1]), self.now
+        if last < T and self.engine.q_head >= len(self.arr) and self.engine.in_flight == 0:
+            return True
+        return last + self.cfg.drain_tail_s < T
+
+    def end(self) -> SimResult:
+        """Close the books at the current time and score the run."""
+        T, bar = self.now, self._bar
         if bar is not None:
-            bar.update(max(last - bar.n, 0))
+            bar.update(max(float(self.arr[-1]) - bar.n, 0))
             bar.close()
         if isinstance(self.policy, OraclePolicy):
             self.policy.accrue(T)
-        eng.fail_unfinished(T)
-        totals = cl.finish(T)
-        if books is not None:
-            totals = totals - books
-        return self._result(T, ticks, time.perf_counter() - t0, totals)
+        self.engine.fail_unfinished(T)
+        totals = self.cluster.finish(T)
+        if self._books is not None:
+            totals = totals - self._books
+        return self._result(T, self.ticks, time.perf_counter() - self._t0, totals)
 
     def _result(self, end: float, ticks: int, wall: float, totals: Any) -> SimResult:
         eng = self.engine
@@ -342,6 +361,11 @@ class Simulation:
         tpot = eng.tpot[done & (self.output > 1)]
         n = int(scored.sum())
         extra = self.policy.extra()
+        lags = self.cluster.replacement_lags_s
+        if self.cluster.spot_interruptions:
+            # notice -> the next replica live; the notice gives 120 s, so a lag above that is serving lost
+            extra["replacement_lag_p50_s"] = float(np.median(lags)) if lags else math.nan
+            extra["replacement_lag_max_s"] = max(lags) if lags else math.nan
         if self.cfg.warmup_s > 0:
             extra["warmup_s"] = self.cfg.warmup_s
             extra["requests_warmup"] = len(self.arr) - n
@@ -350,6 +374,8 @@ class Simulation:
             extra = {**{k: v for k, v in extra.items() if k.startswith(("capacity_", "warmup_", "requests_"))},
                      "integer_cost_usd": cost, "integer_accelerator_hours": dev_h}
             cost, dev_h = self.policy.fluid_usd, self.policy.fluid_dev_h
+        if eng.prefix is not None and eng.prefix.total_queries:  # vLLM's prefix cache hits / queries, whole run
+            extra["prefix_hit_rate"] = eng.prefix.total_hits / eng.prefix.total_queries
         return SimResult(
             policy=self.policy.name, trace=self.trace.name, model=self.model, requests=n,
             slo_attainment=float(ok.sum()) / n,

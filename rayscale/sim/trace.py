@@ -8,7 +8,9 @@ inputs. The only I/O is reading the file handed to :func:`load_trace`.
 Formats read:
 - Azure LLM inference trace CSV: ``TIMESTAMP,ContextTokens,GeneratedTokens`` where TIMESTAMP is a date
   time (``2023-11-16 18:17:03.9799600``) or a number of seconds;
-- Mooncake JSONL: one object a line with ``timestamp`` (milliseconds), ``input_length``, ``output_length``.
+- Mooncake JSONL: one object a line with ``timestamp`` (milliseconds), ``input_length``, ``output_length``
+  and optionally ``hash_ids``: one id per ``HASH_BLOCK_TOKENS``-token block of the prompt, equal ids where
+  requests share a prefix (the simulator's prefix cache reads them; a line without them shares nothing).
 A CSV may also use the Mooncake column names and a JSONL line the Azure keys (or ``arrival_s``,
 ``prompt_tokens``, ``output_tokens``, the names of this module).
 """
@@ -33,6 +35,11 @@ from rayscale.core.catalog import RequestMixSpec
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+# Per request, its prompt's block hashes as a tuple of ints (an object array: requests have different
+# lengths, and tuples of Python ints are what the simulator's prefix cache looks up without conversion).
+HashArray = npt.NDArray[np.object_]
+# Tokens per hash block in Mooncake traces (its FAST'25 release: one hash per 512-token block).
+HASH_BLOCK_TOKENS = 512
 TraceFormat = Literal["azure-csv", "mooncake-jsonl"]
 
 
@@ -56,6 +63,7 @@ class TraceRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    hash_ids: tuple[int, ...] = ()  # prompt block hashes (shared prefixes); empty: not known
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,25 +81,35 @@ class TraceStats:
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """A request trace: parallel arrays sorted by arrival time; use the constructors, not ``Trace(...)``."""
+    """A request trace: parallel arrays sorted by arrival time; use the constructors, not ``Trace(...)``.
+
+    ``hash_ids``, when the source has them (Mooncake), holds each request's prompt block hashes, one per
+    ``hash_block_tokens`` tokens; every operation carries them along with the request they belong to."""
 
     arrival_s: FloatArray
     prompt_tokens: IntArray
     output_tokens: IntArray
     name: str = "trace"
+    hash_ids: HashArray | None = None
+    hash_block_tokens: int = HASH_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         if len(self.prompt_tokens) != n or len(self.output_tokens) != n:
             raise ValueError("trace arrays differ in length")
+        if self.hash_ids is not None and len(self.hash_ids) != n:
+            raise ValueError("trace hash_ids differ in length from the requests")
+        if self.hash_block_tokens < 1:
+            raise ValueError(f"hash_block_tokens must be >= 1, got {self.hash_block_tokens}")
         if n and not np.all(np.isfinite(self.arrival_s)):
             raise ValueError("trace arrival times must be finite")
         if n > 1 and np.any(np.diff(self.arrival_s) < 0):
             raise ValueError("trace arrival times must be sorted; build traces with Trace.from_arrays")
         if n and (self.prompt_tokens.min() < 0 or self.output_tokens.min() < 0):
             raise ValueError("token counts must be non-negative")
-        for arr in (self.arrival_s, self.prompt_tokens, self.output_tokens):
-            arr.setflags(write=False)  # shared between traces derived from one another
+        for arr in (self.arrival_s, self.prompt_tokens, self.output_tokens, self.hash_ids):
+            if arr is not None:
+                arr.setflags(write=False)  # shared between traces derived from one another
 
     # --- construction -------------------------------------------------------------------------
 
@@ -102,21 +120,28 @@ class Trace:
         prompt_tokens: Sequence[int] | npt.ArrayLike,
         output_tokens: Sequence[int] | npt.ArrayLike,
         name: str = "trace",
+        hash_ids: Sequence[Sequence[int]] | HashArray | None = None,
+        hash_block_tokens: int = HASH_BLOCK_TOKENS,
     ) -> Trace:
         """Builds a trace from unsorted arrays (stable sort by arrival, so ties keep their order)."""
         arr = np.asarray(arrival_s, dtype=np.float64)
         pt = np.asarray(prompt_tokens, dtype=np.int64)
         ot = np.asarray(output_tokens, dtype=np.int64)
         order = np.argsort(arr, kind="stable")
-        return cls(arr[order].copy(), pt[order].copy(), ot[order].copy(), name)
+        hashes = None if hash_ids is None else hash_array(hash_ids)[order]
+        return cls(arr[order].copy(), pt[order].copy(), ot[order].copy(), name, hashes, hash_block_tokens)
 
     @classmethod
-    def from_requests(cls, requests: Sequence[TraceRequest], name: str = "trace") -> Trace:
+    def from_requests(cls, requests: Sequence[TraceRequest], name: str = "trace",
+                      hash_block_tokens: int = HASH_BLOCK_TOKENS) -> Trace:
+        hashes = [r.hash_ids for r in requests] if any(r.hash_ids for r in requests) else None
         return cls.from_arrays(
             [r.arrival_s for r in requests],
             [r.prompt_tokens for r in requests],
             [r.output_tokens for r in requests],
             name,
+            hashes,
+            hash_block_tokens,
         )
 
     # --- access -------------------------------------------------------------------------------
@@ -126,11 +151,13 @@ class Trace:
 
     def __iter__(self) -> Iterator[TraceRequest]:
         cols = (self.arrival_s.tolist(), self.prompt_tokens.tolist(), self.output_tokens.tolist())
-        for a, p, o in zip(*cols, strict=True):
-            yield TraceRequest(a, p, o)
+        hashes = self.hash_ids.tolist() if self.hash_ids is not None else [()] * len(self)
+        for a, p, o, h in zip(*cols, hashes, strict=True):
+            yield TraceRequest(a, p, o, h)
 
     def __getitem__(self, i: int) -> TraceRequest:
-        return TraceRequest(float(self.arrival_s[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]))
+        h = self.hash_ids[i] if self.hash_ids is not None else ()
+        return TraceRequest(float(self.arrival_s[i]), int(self.prompt_tokens[i]), int(self.output_tokens[i]), h)
 
     def requests(self) -> list[TraceRequest]:
         return list(self)
@@ -168,8 +195,32 @@ class Trace:
                               output_mean=float(np.maximum(self.output_tokens, 1).mean()),
                               prompt_p95=max(float(np.percentile(self.prompt_tokens, 95)), 1.0))
 
-    def _with(self, arrival_s: FloatArray, prompt: IntArray, output: IntArray, suffix: str) -> Trace:
-        return Trace.from_arrays(arrival_s, prompt, output, f"{self.name}|{suffix}")
+    def _with(self, arrival_s: FloatArray, prompt: IntArray, output: IntArray, suffix: str,
+              hashes: HashArray | None) -> Trace:
+        """A derived trace; ``hashes``: the new requests' block hashes (None exactly when this trace has none)."""
+        return Trace.from_arrays(arrival_s, prompt, output, f"{self.name}|{suffix}", hashes, self.hash_block_tokens)
+
+    def _hashes(self, idx: IntArray | slice | None = None) -> HashArray | None:
+        """This trace's block hashes of the requests ``idx`` (all when None); None when it has none."""
+        if self.hash_ids is None:
+            return None
+        return self.hash_ids if idx is None else self.hash_ids[idx]
+
+    def _fresh_copies(self, idx: IntArray, copy: IntArray) -> HashArray | None:
+        """Hashes of requests ``idx`` where copy number ``copy`` > 0 gets ids no other request has: a copy is
+        another user sending a request of the same shape, not the same prompt again (which would read as a
+        full prefix-cache hit that the traffic never had)."""
+        if self.hash_ids is None:
+            return None
+        out = self.hash_ids[idx]
+        if not np.any(copy > 0):
+            return out
+        stride = 1 + max((max(h) for h in self.hash_ids if h), default=0)
+        out = out.copy()
+        for k in np.flatnonzero(copy > 0).tolist():
+            off = int(copy[k]) * stride
+            out[k] = tuple(h + off for h in out[k])
+        return out
 
     # --- operations ---------------------------------------------------------------------------
 
@@ -177,7 +228,8 @@ class Trace:
         """Multiplies every arrival time by ``factor`` (0.1: ten times faster, same requests)."""
         if not (factor > 0 and math.isfinite(factor)):
             raise ValueError(f"time scale factor must be positive and finite, got {factor}")
-        return self._with(self.arrival_s * factor, self.prompt_tokens, self.output_tokens, f"x{factor:g}t")
+        return self._with(self.arrival_s * factor, self.prompt_tokens, self.output_tokens, f"x{factor:g}t",
+                          self._hashes())
 
     def compress(self, speedup: float) -> Trace:
         """Replays ``speedup`` times faster: ``compress(10)`` turns an hour into six minutes."""
@@ -191,7 +243,7 @@ class Trace:
         Below 1 each request is kept with probability ``factor`` (independent thinning keeps a Poisson
         process Poisson). Above 1 each request is kept ``floor(factor)`` times plus once more with the
         fractional probability; copies arrive up to ``jitter_s`` later (default: the mean gap between
-        arrivals) so that they do not all land at the same instant.
+        arrivals) so that they do not all land at the same instant, with block hashes of their own.
         """
         if not (factor >= 0 and math.isfinite(factor)):
             raise ValueError(f"rate scale factor must be non-negative and finite, got {factor}")
@@ -201,6 +253,8 @@ class Trace:
         counts = np.full(n, whole, dtype=np.int64) + (rng.random(n) < (factor - whole)).astype(np.int64)
         idx = np.repeat(np.arange(n), counts)
         arrival = self.arrival_s[idx].copy()
+        # Copy number of each kept request: 0 for the first instance of its original.
+        copy = np.arange(len(idx)) - np.repeat(np.cumsum(counts) - counts, counts)
         if factor > 1 and len(idx):
             if jitter_s is None:
                 jitter_s = self.duration_s / max(n - 1, 1)
@@ -209,10 +263,12 @@ class Trace:
             first[1:] = idx[1:] != idx[:-1]
             shift = rng.random(len(idx)) * jitter_s
             arrival = np.where(first, arrival, np.minimum(arrival + shift, self.duration_s))
-        return self._with(arrival, self.prompt_tokens[idx], self.output_tokens[idx], f"x{factor:g}r")
+        return self._with(arrival, self.prompt_tokens[idx], self.output_tokens[idx], f"x{factor:g}r",
+                          self._fresh_copies(idx, copy))
 
     def repeat(self, times: int, gap_s: float | None = None) -> Trace:
-        """Plays the trace ``times`` times back to back, ``gap_s`` apart (default: the mean gap)."""
+        """Plays the trace ``times`` times back to back, ``gap_s`` apart (default: the mean gap); each pass
+        has block hashes of its own (more traffic of the same kind, not the same prompts again)."""
         if times < 1:
             raise ValueError(f"repeat needs times >= 1, got {times}")
         if gap_s is None:
@@ -221,11 +277,13 @@ class Trace:
             raise ValueError(f"gap_s must be >= 0, got {gap_s}")
         period = self.duration_s + gap_s
         offsets = np.repeat(np.arange(times, dtype=np.float64) * period, len(self))
+        idx = np.tile(np.arange(len(self)), times)
         return self._with(
             np.tile(self.arrival_s, times) + offsets,
             np.tile(self.prompt_tokens, times),
             np.tile(self.output_tokens, times),
             f"repeat{times}",
+            self._fresh_copies(idx, np.repeat(np.arange(times), len(self))),
         )
 
     def resample(self, seed: int, bin_s: float = 10.0) -> Trace:
@@ -248,34 +306,40 @@ class Trace:
         pick = start[which] + np.floor(rng.random(len(which)) * counts[which]).astype(np.int64)
         arrival = (which + rng.random(len(which))) * bin_s
         order = np.argsort(arrival, kind="stable")
+        hashes = self._hashes(pick[order])  # a request drawn twice is the same prompt twice: its hashes too
         return self._with(arrival[order], self.prompt_tokens[pick][order], self.output_tokens[pick][order],
-                          f"resample{seed}")
+                          f"resample{seed}", hashes)
 
     def then(self, other: Trace, gap_s: float | None = None) -> Trace:
-        """This trace, then ``other`` ``gap_s`` after its end (default: this trace's mean gap)."""
+        """This trace, then ``other`` ``gap_s`` after its end (default: this trace's mean gap). Block hashes
+        stay as they are: equal ids in both are the same prefix."""
         if gap_s is None:
             gap_s = self.duration_s / max(len(self) - 1, 1) if len(self) > 1 else 1.0
         offset = self.duration_s + gap_s
         return self._with(np.concatenate([self.arrival_s, other.arrival_s + offset]),
                           np.concatenate([self.prompt_tokens, other.prompt_tokens]),
-                          np.concatenate([self.output_tokens, other.output_tokens]), f"then({other.name})")
+                          np.concatenate([self.output_tokens, other.output_tokens]), f"then({other.name})",
+                          _joined_hashes(self, other))
 
     def window(self, start_s: float = 0.0, end_s: float | None = None, rebase: bool = True) -> Trace:
         """Requests arriving in ``[start_s, end_s)``; with ``rebase`` the window starts at time 0."""
         lo = int(np.searchsorted(self.arrival_s, start_s, side="left"))
         hi = len(self) if end_s is None else int(np.searchsorted(self.arrival_s, end_s, side="left"))
         arrival = self.arrival_s[lo:hi] - (start_s if rebase else 0.0)
-        return self._with(arrival, self.prompt_tokens[lo:hi], self.output_tokens[lo:hi], f"[{start_s:g},{end_s})")
+        return self._with(arrival, self.prompt_tokens[lo:hi], self.output_tokens[lo:hi], f"[{start_s:g},{end_s})",
+                          self._hashes(slice(lo, hi)))
 
     def head(self, n: int) -> Trace:
         """The first ``n`` requests."""
-        return self._with(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], f"head{n}")
+        return self._with(self.arrival_s[:n], self.prompt_tokens[:n], self.output_tokens[:n], f"head{n}",
+                          self._hashes(slice(None, n)))
 
     def rebase(self) -> Trace:
         """Shifts arrivals so that the first request arrives at time 0."""
         if not len(self):
             return self
-        return self._with(self.arrival_s - self.arrival_s[0], self.prompt_tokens, self.output_tokens, "rebase")
+        return self._with(self.arrival_s - self.arrival_s[0], self.prompt_tokens, self.output_tokens, "rebase",
+                          self._hashes())
 
     def clip_tokens(
         self,
@@ -294,7 +358,8 @@ class Trace:
                 raise ValueError(f"max_total {max_total} leaves no room for {min_prompt}+{min_output} tokens")
             output = np.minimum(output, max_total - min_prompt)
             prompt = np.minimum(prompt, max_total - output)
-        return self._with(self.arrival_s, prompt, output, "clip")
+        # A shortened prompt keeps its hashes: the prefix cache reads only the blocks within the prompt.
+        return self._with(self.arrival_s, prompt, output, "clip", self._hashes())
 
     def concat(self, other: Trace, offset_s: float | None = None) -> Trace:
         """Appends ``other`` starting ``offset_s`` after this trace's start (default: right after its end)."""
@@ -304,7 +369,30 @@ class Trace:
             np.concatenate([self.prompt_tokens, other.prompt_tokens]),
             np.concatenate([self.output_tokens, other.output_tokens]),
             f"{self.name}+{other.name}",
+            _joined_hashes(self, other),
+            self.hash_block_tokens,
         )
+
+
+def hash_array(rows: Sequence[Sequence[int]] | HashArray) -> HashArray:
+    """Per request block hashes as an object array of int tuples (one already is returned as it is)."""
+    if isinstance(rows, np.ndarray) and rows.dtype == object:
+        return rows
+    out = np.empty(len(rows), dtype=object)
+    for i, h in enumerate(rows):
+        out[i] = tuple(int(x) for x in h)
+    return out
+
+
+def _joined_hashes(a: Trace, b: Trace) -> HashArray | None:
+    """The hashes of ``a``'s requests then ``b``'s (empty for a trace without them); None if neither has any."""
+    if a.hash_ids is None and b.hash_ids is None:
+        return None
+    if a.hash_ids is not None and b.hash_ids is not None and a.hash_block_tokens != b.hash_block_tokens:
+        raise ValueError(f"traces hash {a.hash_block_tokens} and {b.hash_block_tokens} tokens a block: not joinable")
+    empty = hash_array([()] * 0)
+    parts = [t.hash_ids if t.hash_ids is not None else hash_array([()] * len(t)) for t in (a, b)]
+    return np.concatenate([empty, *parts])
 
 
 # --- token length distributions for generated traces ----------------------------------------------
@@ -425,6 +513,7 @@ def bursts(
 _ARRIVAL_KEYS = ("TIMESTAMP", "timestamp", "arrival_s")
 _PROMPT_KEYS = ("ContextTokens", "input_length", "prompt_tokens")
 _OUTPUT_KEYS = ("GeneratedTokens", "output_length", "output_tokens")
+_HASH_KEY = "hash_ids"
 
 
 def detect_format(path: str | os.PathLike[str], text: str | None = None) -> TraceFormat:
@@ -542,6 +631,7 @@ def _finish(
     field: str,
     prompt: list[int],
     output: list[int],
+    hashes: list[tuple[int, ...]] | None = None,
 ) -> Trace:
     if not times:
         raise TraceFormatError(path, None, None, "no requests in file")
@@ -561,7 +651,7 @@ def _finish(
             rel.append(t)
     arr = np.asarray(rel, dtype=np.float64)
     arr -= arr.min()  # out-of-order rows are sorted, not dropped; the earliest one is time 0
-    return Trace.from_arrays(arr, np.asarray(prompt, np.int64), np.asarray(output, np.int64), name)
+    return Trace.from_arrays(arr, np.asarray(prompt, np.int64), np.asarray(output, np.int64), name, hashes)
 
 
 def _parse_csv(path: str | os.PathLike[str], text: str, name: str) -> Trace:
@@ -611,6 +701,7 @@ def _parse_jsonl(path: str | os.PathLike[str], text: str, name: str) -> Trace:
     lines: list[int] = []
     prompt: list[int] = []
     output: list[int] = []
+    hashes: list[tuple[int, ...]] = []
     t_key = _ARRIVAL_KEYS[1]
     for ln, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
@@ -631,4 +722,14 @@ def _parse_jsonl(path: str | os.PathLike[str], text: str, name: str) -> Trace:
         lines.append(ln)
         prompt.append(_tokens(path, ln, p_key, obj[p_key]))
         output.append(_tokens(path, ln, o_key, obj[o_key]))
-    return _finish(path, name, times, lines, t_key, prompt, output)
+        hashes.append(_hash_ids(path, ln, obj.get(_HASH_KEY)))
+    return _finish(path, name, times, lines, t_key, prompt, output, hashes if any(hashes) else None)
+
+
+def _hash_ids(path: str | os.PathLike[str], line: int, raw: object) -> tuple[int, ...]:
+    """A line's ``hash_ids``: a list of integers (absent: no known blocks, so nothing shared)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in raw):
+        raise TraceFormatError(path, line, _HASH_KEY, f"expected a list of integers, got {str(raw)[:40]!r}")
+    return tuple(raw)

@@ -92,9 +92,19 @@ def test_make_before_break_when_moving_flavor() -> None:
     assert not [a for a in acts if isinstance(a, SetReplicas | DeleteGang)]  # old keeps serving
     new_ready = Gang("qwen2-72b-l40s-od-0", *new_key, "us-east-1a", "g6e.12xlarge", 1, GangPhase.READY, 1.0)
     acts = decide(CAT, {new_key: 1}, [*world, new_ready], {mf_old: 1}, {mf_old: 1}, {}, now=400.0)
-    assert SetReplicas("qwen2-72b", "l40s", 1, "1 gang(s) ready for 1 planned") in acts
-    assert SetReplicas("qwen2-72b", "a10g", 0, "drain to 0: plan wants 0") in acts
-    assert not [a for a in acts if isinstance(a, DeleteGang)]  # the old gang still serves until drained
+    assert acts == [SetReplicas("qwen2-72b", "l40s", 1, "1 gang(s) ready for 1 planned")]
+    # the new gang is up but its replica is still loading the model: the old one keeps serving
+    mf_new = ("qwen2-72b", "l40s")
+    serve_target = {mf_old: 1, mf_new: 1}
+    acts = decide(CAT, {new_key: 1}, [*world, new_ready], serve_target, {mf_old: 1, mf_new: 0}, {}, now=700.0)
+    assert acts == []
+    # placed but still starting: it exists (Serve's "running" count) and serves nothing yet
+    acts = decide(CAT, {new_key: 1}, [*world, new_ready], serve_target, {mf_old: 1, mf_new: 1}, {}, now=750.0,
+                  serve_serving={mf_old: 1, mf_new: 0})
+    assert acts == []
+    # the new replica serves: now the old drains, and its gang goes only once it serves nothing
+    acts = decide(CAT, {new_key: 1}, [*world, new_ready], serve_target, {mf_old: 1, mf_new: 1}, {}, now=800.0)
+    assert acts == [SetReplicas("qwen2-72b", "a10g", 0, "drain to 0: plan wants 0")]
 
 
 def test_deployments_of_other_models_are_left_alone() -> None:

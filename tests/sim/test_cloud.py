@@ -158,3 +158,34 @@ def test_deleting_a_packed_gang_drains_every_replica_before_its_node_goes():
     assert cl.usd_per_h() > 0
     cl.advance(2.0)  # idle: drained
     assert prov.serve_view().running == {} and cl.usd_per_h() == 0.0
+
+
+def test_a_pool_reclaim_notices_every_spot_node_of_the_largest_pool_at_once_and_times_the_replacement():
+    from collections import Counter
+
+    from rayscale.sim.cloud import Reclaim
+
+    cloud = CloudConfig(capacity_error_rate=0.0, spot_capacity_error_rate=0.0, spot_interruptions_per_node_h=0.0,
+                        reclaims=(Reclaim(at_s=2000.0, largest=True),))
+    cl, _ = cluster(flavors=("a10g", "l4"), cloud=cloud)
+    cl.set_target("a10g", "spot", 3, 0.0)
+    cl.set_target("l4", "spot", 1, 0.0)
+    cl.set_target("a10g", "on-demand", 1, 0.0)
+    t = run_until(cl, 1999.0)
+    up = [n for n in cl.nodes.values() if n.t_end is None and n.t_ready is not None]
+    assert len(up) == 5 and not cl.spot_interruptions
+    t = run_until(cl, 2001.0, t=t)
+    noticed = [n for n in cl.nodes.values() if n.noticed]
+    # every noticed node is in one (flavor, zone) pool: the one with the most spot nodes, all of its nodes
+    assert len({(n.flavor, n.zone, n.capacity_type) for n in noticed}) == 1
+    (pool,) = {(n.flavor, n.zone) for n in noticed}
+    in_pool = [n for n in up if n.capacity_type == "spot" and (n.flavor, n.zone) == pool]
+    assert sorted(n.id for n in noticed) == sorted(n.id for n in in_pool) and cl.spot_interruptions == len(in_pool)
+    sizes = Counter((n.flavor, n.zone) for n in up if n.capacity_type == "spot")
+    assert len(in_pool) == max(sizes.values())
+    # the policy re-asserts its targets: the lost replicas are replaced, each lag runs from the notice
+    cl.set_target("a10g", "spot", 3, t)
+    cl.set_target("l4", "spot", 1, t)
+    run_until(cl, 4000.0, t=t)
+    assert len(cl.replacement_lags_s) == len(in_pool)
+    assert all(lag > 0 for lag in cl.replacement_lags_s)
