@@ -37,6 +37,12 @@ class Actuator(Protocol):
         """Release every node of the gang. Idempotent."""
         ...
 
+    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
+        """Serve's replica targets (application -> deployment -> replicas) after this period, for an
+        actuator whose platform re-submits Serve's config (KubeRay's RayService); the others keep nothing
+        and return []. Errors as text: the next period writes again."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -1,7 +1,7 @@
 """The embedded default actuator: a gang of flavor nodes = Ray worker nodes started on this machine.
 
 Same interface as the Kubernetes actuator. Each node carries rayscale's ownership labels (gang, model,
-flavor, capacity type, zone, size, creation time) as Ray node labels, so ``gangs()`` is rebuilt from
+flavor, capacity type, zone, size, creation time, gang slot) as Ray node labels, so ``gangs()`` is rebuilt from
 the cluster alone and a restarted controller sees exactly what runs; ``recover()``, which a (re)started
 controller calls once, settles a node start its predecessor was killed in. A configurable launch delay stands
 in for cloud provisioning and capacity errors can be injected per (flavor, zone). The machine bounds how
@@ -29,6 +29,7 @@ from rayscale.cluster.actuator import (
 )
 from rayscale.cluster.local import LocalCluster, LocalNode, flavor_spec
 from rayscale.core.act import CreateGang, Gang, GangPhase
+from rayscale.serve.config import LABEL_GANG_SLOT
 
 _UP = {"ALIVE", "IDLE", "ACTIVE"}
 
@@ -57,6 +58,7 @@ class _Launch:
     # so a gang queued behind another's start is not "stuck" while it waits its turn.
     started_s: float | None = None
     have: int = 0  # members already started: a gang resumed by recover() starts the rest
+    slot: int = 0  # the gang's slot among its (model, flavor)'s gangs (rayscale.serve.config.LABEL_GANG_SLOT)
 
 
 class LocalActuator:
@@ -106,7 +108,8 @@ class LocalActuator:
                             lb.get(LABEL_ZONE, "local"), "local-" + nodes[0].flavor, size, phase,
                             float(lb.get(LABEL_CREATED, now)), reason=reason,
                             node_ids=tuple(str(n.ray_node_id) for n in up),
-                            since_s=self._phase_since(name, phase, now)))
+                            since_s=self._phase_since(name, phase, now),
+                            slot=int(lb[LABEL_GANG_SLOT]) if lb.get(LABEL_GANG_SLOT, "").isdigit() else None))
         # Launches with no node started yet (in their delay, or failed before any node came up).
         for name, la in sorted(launching.items()):
             if name in members or name in deleting:
@@ -116,7 +119,8 @@ class LocalActuator:
             a = la.action
             out.append(Gang(name, a.model, a.flavor, a.capacity_type, a.zone, a.instance_type, a.nodes,
                             GangPhase.FAILED if la.error else GangPhase.PENDING, la.created_s, reason=la.error,
-                            since_s=None if la.error else (la.started_s if la.started_s is not None else now)))
+                            since_s=None if la.error else (la.started_s if la.started_s is not None else now),
+                            slot=la.slot))
         return out
 
     def _phase_since(self, name: str, phase: GangPhase, now: float) -> float | None:
@@ -140,17 +144,36 @@ class LocalActuator:
             return was[1]
 
     def create_gang(self, action: CreateGang, now: float) -> None:
+        nodes = self.cluster.nodes(include_dead=True)
         with self._lock:
             prev = self._launching.get(action.name)
             if prev is not None and not prev.error and not prev.done:
                 return  # still launching
-            self._launching[action.name] = launch = _Launch(action, now)
+            slot = self._free_slot(action, nodes)
+            self._launching[action.name] = launch = _Launch(action, now, slot=slot)
             self._deleting.discard(action.name)
-        if any(n.labels.get(LABEL_GANG) == action.name for n in self.cluster.nodes()):
+        if any(n.labels.get(LABEL_GANG) == action.name for n in nodes if n.alive):
             return  # already there (a controller restarted mid-launch): idempotent
         t = threading.Thread(target=self._launch, args=(launch,), name=f"launch-{action.name}", daemon=True)
         self._threads.append(t)
         t.start()
+
+    def _free_slot(self, a: CreateGang, nodes: list[LocalNode]) -> int:
+        """The lowest slot no other gang of the same (model, flavor) holds (lock held). A slot stays held
+        while any node labelled with it is listed, a released gang's draining nodes included, so a new
+        gang's replica never shares a slot deployment with an old gang's nodes. A gang whose nodes exist
+        (ordered again after a controller restart) keeps theirs."""
+        for n in nodes:
+            if n.labels.get(LABEL_GANG) == a.name and n.labels.get(LABEL_GANG_SLOT, "").isdigit():
+                return int(n.labels[LABEL_GANG_SLOT])
+        held = {la.slot for name, la in self._launching.items()
+                if name != a.name and (la.action.model, la.action.flavor) == (a.model, a.flavor)}
+        for n in nodes:
+            lb = n.labels
+            if lb.get(LABEL_MODEL) == a.model and n.flavor == a.flavor and lb.get(LABEL_GANG) != a.name \
+                    and lb.get(LABEL_GANG_SLOT, "").isdigit():
+                held.add(int(lb[LABEL_GANG_SLOT]))
+        return min(set(range(len(held) + 1)) - held)
 
     def delete_gang(self, name: str) -> None:
         with self._lock:
@@ -185,10 +208,16 @@ class LocalActuator:
             with self._lock:
                 if name in self._launching or name in self._deleting:
                     continue
-                self._launching[name] = la = _Launch(action, float(lb.get(LABEL_CREATED, now)), have=len(nodes))
+                # the rest of the gang joins the slot its first members hold
+                slot = int(lb.get(LABEL_GANG_SLOT, "0") or 0)
+                self._launching[name] = la = _Launch(action, float(lb.get(LABEL_CREATED, now)), have=len(nodes),
+                                                     slot=slot)
             self._spawn_thread(self._launch, la, f"launch-{name}")
             notes.append(f"resumed {name}: {len(nodes)} of {size} nodes had started")
         return notes
+
+    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
+        return []  # Serve on a local cluster keeps its own targets: nothing re-submits its config
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stops starting nodes and waits (bounded) for starts and deletions under way. A start cut
@@ -226,6 +255,7 @@ class LocalActuator:
         labels = {
             LABEL_OWNER: OWNER, LABEL_GANG: a.name, LABEL_MODEL: a.model, LABEL_CAPACITY: a.capacity_type,
             LABEL_ZONE: a.zone, LABEL_SIZE: str(a.nodes), LABEL_CREATED: f"{la.created_s:.3f}",
+            LABEL_GANG_SLOT: str(la.slot),
         }
         for _ in range(a.nodes - la.have):
             for attempt in range(1, self.config.start_attempts + 1):

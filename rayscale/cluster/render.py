@@ -67,7 +67,7 @@ from rayscale.cluster.kube.naming import (
     nodepool_name,
     worker_group_name,
 )
-from rayscale.core.catalog import AcceleratorKind, Catalog, Flavor, InstanceType
+from rayscale.core.catalog import AcceleratorKind, Catalog, FastStart, Flavor, InstanceType, WeightSource
 from rayscale.core.gangs import gang_options
 
 Obj = dict[str, Any]
@@ -93,23 +93,39 @@ class RenderSettings:
 # --- NodePools and EC2NodeClasses -------------------------------------------------------------------
 
 
-def _nodeclass(name: str, settings: RenderSettings, volume: str) -> Obj:
+# Where Bottlerocket mounts its data volume (/dev/xvdb), and the node-local weight cache on it.
+BOTTLEROCKET_DATA = "/local"
+WEIGHT_CACHE_HOST = f"{BOTTLEROCKET_DATA}/rayscale-weights"
+WEIGHT_CACHE_MOUNT = "/weights"
+# EBS fetches a restored volume's blocks from S3 at this rate (MiB/s, the most the API allows) instead of on
+# first read, so the image and weights on it are local within a predictable time.
+SNAPSHOT_INIT_MIB_S = 300
+
+
+def _nodeclass(name: str, settings: RenderSettings, volume: str, snapshot: str | None = None) -> Obj:
+    """An EC2NodeClass. With ``snapshot`` (a fast-start choice): Bottlerocket, whose data volume (where
+    containerd keeps its images) is restored from the EBS snapshot that holds the serving image, so a new
+    node starts its Ray worker without pulling it (aws-samples/bottlerocket-images-cache)."""
     tags = {"karpenter.sh/discovery": settings.cluster_name}
+    root = {"deviceName": "/dev/xvda", "ebs": {"volumeSize": volume, "volumeType": "gp3", "encrypted": True}}
+    ami, disks = "al2023@latest", [root]
+    if snapshot is not None:
+        # A volume restored from a snapshot takes the snapshot's encryption: the CRD forbids setting it.
+        ami = "bottlerocket@latest"
+        disks = [{"deviceName": "/dev/xvda", "ebs": {"volumeSize": "4Gi", "volumeType": "gp3", "encrypted": True}},
+                 {"deviceName": "/dev/xvdb",
+                  "ebs": {"volumeSize": volume, "volumeType": "gp3", "snapshotID": snapshot,
+                          "volumeInitializationRate": SNAPSHOT_INIT_MIB_S, "deleteOnTermination": True}}]
     return {
         "apiVersion": "karpenter.k8s.aws/v1",
         "kind": "EC2NodeClass",
         "metadata": {"name": name},
         "spec": {
             "role": f"KarpenterNodeRole-{settings.cluster_name}",
-            "amiSelectorTerms": [{"alias": "al2023@latest"}],
+            "amiSelectorTerms": [{"alias": ami}],
             "subnetSelectorTerms": [{"tags": tags}],
             "securityGroupSelectorTerms": [{"tags": tags}],
-            "blockDeviceMappings": [
-                {
-                    "deviceName": "/dev/xvda",
-                    "ebs": {"volumeSize": volume, "volumeType": "gp3", "encrypted": True},
-                }
-            ],
+            "blockDeviceMappings": disks,
             "tags": {"rayscale.io/owned-by": "rayscale"},
         },
     }
@@ -187,8 +203,10 @@ def render_nodepools(catalog: Catalog, settings: RenderSettings) -> dict[str, li
     files: dict[str, list[Obj]] = {
         "nodepools/ec2nodeclasses.yaml": [
             _nodeclass(HEAD_NODECLASS, settings, "100Gi"),
-            _nodeclass(GPU_NODECLASS, settings, settings.root_volume),
-            _nodeclass(NEURON_NODECLASS, settings, settings.root_volume),
+            _nodeclass(GPU_NODECLASS, settings, settings.root_volume,
+                       catalog.fast_start.snapshot_for(AcceleratorKind.GPU)),
+            _nodeclass(NEURON_NODECLASS, settings, settings.root_volume,
+                       catalog.fast_start.snapshot_for(AcceleratorKind.NEURON)),
         ],
         f"nodepools/{HEAD_POOL}.yaml": [
             _nodepool(
@@ -233,7 +251,7 @@ def used_instance_types(catalog: Catalog, flavor: Flavor) -> list[InstanceType]:
     return [it for it in flavor.instance_types if it.name in names]
 
 
-def worker_group(flavor: Flavor, it: InstanceType, settings: RenderSettings) -> Obj:
+def worker_group(flavor: Flavor, it: InstanceType, settings: RenderSettings, fast: FastStart | None = None) -> Obj:
     ray_res = dict(flavor.ray_resources)
     params: dict[str, str] = {}
     if flavor.kind == AcceleratorKind.NEURON:
@@ -249,6 +267,13 @@ def worker_group(flavor: Flavor, it: InstanceType, settings: RenderSettings) -> 
     if flavor.limits.nodes is not None:
         cap = min(cap, flavor.limits.nodes) if cap is not None else flavor.limits.nodes
     name = worker_group_name(flavor.name, it.name)
+    mounts: list[Obj] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[Obj] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    if fast is not None and fast.weights == WeightSource.CACHE:
+        # The node's own weight cache: the first replica on a node downloads into it, later ones (and nodes
+        # whose data volume comes from a snapshot that holds it) read it locally.
+        mounts.append({"name": "weights", "mountPath": WEIGHT_CACHE_MOUNT})
+        volumes.append({"name": "weights", "hostPath": {"path": WEIGHT_CACHE_HOST, "type": "DirectoryOrCreate"}})
     return {
         "groupName": name,
         "replicas": 0,  # written by the rayscale actuator only, one gang at a time
@@ -272,10 +297,10 @@ def worker_group(flavor: Flavor, it: InstanceType, settings: RenderSettings) -> 
                         "image": settings.neuron_image if flavor.kind == AcceleratorKind.NEURON
                         else settings.image,
                         "resources": {"limits": limits, "requests": {"cpu": str(cpu), "memory": f"{mem}Gi"}},
-                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                        "volumeMounts": mounts,
                     }
                 ],
-                "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                "volumes": volumes,
             },
         },
     }
@@ -283,7 +308,7 @@ def worker_group(flavor: Flavor, it: InstanceType, settings: RenderSettings) -> 
 
 def raycluster_spec(catalog: Catalog, settings: RenderSettings) -> Obj:
     groups = [
-        worker_group(f, it, settings)
+        worker_group(f, it, settings, catalog.fast_start)
         for f in catalog.flavors.values()
         if deployable(f)
         for it in used_instance_types(catalog, f)
@@ -422,6 +447,47 @@ def serve_config_from_files(paths: Iterable[str | Path]) -> Obj:
     return _serve_config(([_merge_rayscale_apps(ours)] if ours else []) + others)
 
 
+# vLLM's loader for weights streamed from object storage (vllm.model_executor.model_loader.LoadFormats).
+STREAM_LOAD_FORMAT = "runai_streamer"
+
+
+def with_fast_weights(serve: Obj, fast: FastStart) -> Obj:
+    """The serve config with the weight fast-start choice applied to every vLLM model of its rayscale
+    application: ``stream`` loads ``<weights_uri>/<model>`` with vLLM's Run:ai streamer (load_format
+    runai_streamer), ``cache`` keeps the hub download in the node's weight cache (download_dir). Models whose
+    weights the project builds itself (builtin:) or that run emulated are left as they are."""
+    if fast.weights == WeightSource.DOWNLOAD:
+        return serve
+    from rayscale.serve.config import RAYSCALE_IMPORT_PREFIX
+
+    out = copy.deepcopy(serve)
+    for app in out.get("applications") or []:
+        if not str(app.get("import_path", "")).startswith(RAYSCALE_IMPORT_PREFIX):
+            continue
+        args = app.get("args") or {}
+        for entry in args.get("llm_configs") or []:
+            loading = entry.setdefault("model_loading_config", {})
+            ext = (entry.get("experimental_configs") or {}).get("rayscale") or {}
+            src = loading.get("model_source") or loading.get("model_id", "")
+            if ext.get("engine") != "emulated" and not str(src).startswith("builtin:"):
+                src = _fast_weights(entry.setdefault("engine_kwargs", {}), fast, loading["model_id"], src)
+                loading["model_source"] = src
+        for m in args.get("models") or []:
+            if m.get("engine", "vllm") == "vllm" and not str(m.get("source", "builtin:")).startswith("builtin:"):
+                m["source"] = _fast_weights(m.setdefault("engine_kwargs", {}), fast, m["name"], m["source"])
+    return out
+
+
+def _fast_weights(kwargs: Obj, fast: FastStart, name: str, source: str) -> str:
+    """Set the engine arguments of the weight choice; returns the model source it reads from."""
+    if fast.weights == WeightSource.STREAM:
+        assert fast.weights_uri is not None  # FastStart requires it with stream
+        kwargs["load_format"] = STREAM_LOAD_FORMAT
+        return f"{fast.weights_uri.rstrip('/')}/{name}"
+    kwargs["download_dir"] = WEIGHT_CACHE_MOUNT
+    return source
+
+
 def shipped_serve_configs(root: str | Path) -> list[Path]:
     """Every serve config shipped in deployments/ (local ones too): each must load on a real Serve."""
     return sorted((Path(root) / "deployments").glob("*.yaml"))
@@ -437,6 +503,7 @@ def render_ray(catalog: Catalog, settings: RenderSettings) -> dict[str, list[Obj
     spec = raycluster_spec(catalog, settings)
     serve = serve_config_from_files(settings.serve_configs) if settings.serve_configs \
         else serve_config_from_catalog(catalog)
+    serve = with_fast_weights(serve, catalog.fast_start)
     meta = {"name": settings.raycluster, "namespace": settings.namespace,
             "labels": {"rayscale.io/owned-by": "rayscale"}}
     return {
@@ -489,7 +556,9 @@ CLUSTER_RULES: list[Obj] = [
 NAMESPACE_RULES: list[Obj] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "update"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["get"]},  # --rayservice: follow its cluster
+    # --rayservice: follow its clusters; keep rayscale's worker replicas and Serve targets in its spec
+    # (rayscale.cluster.kube.rayservice), which KubeRay rebuilds and re-submits from.
+    {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["get", "update"]},
     # One writer among the Deployment's replicas (rayscale.cluster.kube.lease).
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update"]},
 ]

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from rayscale.cluster.actuator import Actuator, apply_actions
-from rayscale.controller.serve_client import ServeClient, ServeSnapshot
-from rayscale.core.act import Action, Gang, GangPhase
+from rayscale.controller.serve_client import ServeClient, ServeSnapshot, deployment_name
+from rayscale.controller.slots import slot_targets, slot_weights
+from rayscale.core.act import Action, Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
 from rayscale.core.route import flavor_weights
@@ -151,15 +152,16 @@ class Controller:
         dur["observe"] = (time.perf_counter() - s) * 1000
 
         s = time.perf_counter()
-        view = ServeView(serve.target, serve.running) if serve.ok else None
+        view = ServeView(serve.target, serve.running, serve.serving) if serve.ok else None
         result = step(StepContext(t0, self.catalog, signals, tuple(gangs), view, cfg, self.state))
         self.state = result.state
         dur["step"] = (time.perf_counter() - s) * 1000
 
         s = time.perf_counter()
         if serve.ok:
-            errors += self._apply(result.actions, serve, t0)
+            errors += self._apply(result.actions, serve, t0, gangs)
             errors += self._route(dict(result.demands), serve)
+            errors += self._keep_targets(result.actions, serve)
         dur["act"] = (time.perf_counter() - s) * 1000
 
         rec = DecisionRecord(
@@ -212,11 +214,49 @@ class Controller:
         return replace(sig, arrival_counts=tuple(self.arrivals[sig.model]),
                        arrival_bin_s=self.config.settings.period_s)
 
-    def _apply(self, actions: tuple[Action, ...], serve: ServeSnapshot, now: float) -> list[str]:
+    def _apply(self, actions: tuple[Action, ...], serve: ServeSnapshot, now: float,
+               gangs: list[Gang] | None = None) -> list[str]:
         def scale(model: str, flavor: str, replicas: int) -> None:
-            self.serve.scale(serve.app_of.get((model, flavor), self.config.app_name), model, flavor, replicas)
+            app = serve.app_of.get((model, flavor), self.config.app_name)
+            if (model, flavor) in serve.slots:
+                self._scale_slots(app, model, flavor, replicas, serve, gangs or [])
+            else:
+                self.serve.scale(app, model, flavor, replicas)
 
-        return apply_actions(actions, self.actuator, scale, now)
+        errors = apply_actions(actions, self.actuator, scale, now)
+        # A slot flavor the step left alone still follows its gangs: a slot whose gang is gone or not up
+        # gives its replica to a ready gang's slot (its replica could only wait there).
+        set_now = {(a.model, a.flavor) for a in actions if isinstance(a, SetReplicas)}
+        for (m, f), current in sorted(serve.slots.items()):
+            if (m, f) not in set_now:
+                try:
+                    scale(m, f, sum(current.values()))
+                except Exception as e:  # the next period tries again
+                    errors.append(f"slots {m}--{f}: {e}")
+        return errors
+
+    def _scale_slots(self, app: str, model: str, flavor: str, replicas: int, serve: ServeSnapshot,
+                     gangs: list[Gang]) -> None:
+        """A multi-node flavor: one 0-or-1 target per gang slot deployment (rayscale.controller.slots)."""
+        current = serve.slots[(model, flavor)]
+        mine = [g for g in gangs if (g.model, g.flavor) == (model, flavor)]
+        for k, n in slot_targets(replicas, mine, current).items():
+            if current.get(k) != n:
+                self.serve.scale_slot(app, model, flavor, k, n)
+
+    def _keep_targets(self, actions: tuple[Action, ...], serve: ServeSnapshot) -> list[str]:
+        """Serve's targets after this period's SetReplicas, to an actuator that keeps them where another
+        controller re-submits Serve's config from (the Kubernetes actuator with a RayService: KubeRay
+        re-submits serveConfigV2, rayscale.cluster.kube.rayservice)."""
+        targets = dict(serve.target)
+        targets.update({(a.model, a.flavor): a.replicas for a in actions if isinstance(a, SetReplicas)})
+        by_app: dict[str, dict[str, int]] = defaultdict(dict)
+        for (m, f), n in targets.items():
+            by_app[serve.app_of.get((m, f), self.config.app_name)][deployment_name(m, f)] = n
+        try:
+            return self.actuator.sync_serve_targets(dict(by_app))
+        except Exception as e:  # the next period writes them again
+            return [f"keeping Serve targets: {e}"]
 
     def _route(self, demands: dict[str, Any], serve: ServeSnapshot) -> list[str]:
         """Push the core's routing weights to the ingress when they change."""
@@ -224,9 +264,14 @@ class Controller:
             return []
         errors = []
         for m, w in sorted(flavor_weights(serve.target, demands).items()):
+            if not w:
+                continue
+            app = serve.app_of.get((m, next(iter(w))), self.config.app_name)
+            # The ingress routes a multi-node flavor by its gang slot deployments.
+            w = slot_weights(w, {f: serve.slots[(m, f)] for f in w if (m, f) in serve.slots})
             if self._weights.get(m) != w and sum(w.values()) > 0:
                 try:
-                    self.weights_sink(serve.app_of.get((m, next(iter(w))), self.config.app_name), m, w)
+                    self.weights_sink(app, m, w)
                     self._weights[m] = w
                 except Exception as e:
                     errors.append(f"weights {m}: {e}")

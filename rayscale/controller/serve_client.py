@@ -18,6 +18,9 @@ from typing import Any
 
 import httpx
 
+from rayscale.serve.config import parse_deployment_name, slot_deployment_name
+from rayscale.serve.readiness import SERVING_STATES
+
 # Serve deployment per (model, flavor): "{model}--{flavor}" (rayscale.serve names them so).
 SEP = "--"
 
@@ -27,18 +30,23 @@ def deployment_name(model: str, flavor: str) -> str:
 
 
 def split_deployment(name: str) -> tuple[str, str] | None:
-    model, sep, flavor = name.rpartition(SEP)
-    return (model, flavor) if sep and model and flavor else None
+    """(model, flavor) of a flavor deployment or of one of its gang slots' deployments."""
+    parsed = parse_deployment_name(name)
+    return None if parsed is None else (parsed[0], parsed[1])
 
 
 @dataclass(frozen=True)
 class ServeSnapshot:
     target: dict[tuple[str, str], int] = field(default_factory=dict)  # (model, flavor) -> target replicas
     running: dict[tuple[str, str], int] = field(default_factory=dict)  # replicas alive, stopping ones too
+    serving: dict[tuple[str, str], int] = field(default_factory=dict)  # replicas that take requests now
     per_node: dict[str, int] = field(default_factory=dict)  # Ray node id, and "ip:<node ip>" -> replicas
     app_of: dict[tuple[str, str], str] = field(default_factory=dict)
     ok: bool = True
     error: str = ""
+    # Multi-node (model, flavor)s served by gang slot deployments: slot -> its target (0 or 1). ``target``
+    # and ``running`` count all of a flavor's slots together, as the core decides per (model, flavor).
+    slots: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
 
 
 class ServeClientError(RuntimeError):
@@ -99,25 +107,42 @@ class ServeClient:
         if r.status_code != 200:
             raise ServeClientError(f"scale {app}/{dep} to {replicas}: HTTP {r.status_code}: {r.text[:300]}")
 
+    def scale_slot(self, app: str, model: str, flavor: str, slot: int, replicas: int) -> None:
+        """Sets one gang slot's deployment (0 or 1 replica) through the same external scaler endpoint."""
+        dep = slot_deployment_name(model, flavor, slot)
+        r = self._http.post(f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
+                            json={"target_num_replicas": int(replicas)})
+        if r.status_code != 200:
+            raise ServeClientError(f"scale {app}/{dep} to {replicas}: HTTP {r.status_code}: {r.text[:300]}")
+
 
 def parse_details(details: dict[str, Any]) -> ServeSnapshot:
     target: dict[tuple[str, str], int] = {}
     running: dict[tuple[str, str], int] = defaultdict(int)
+    serving: dict[tuple[str, str], int] = defaultdict(int)
     per_node: dict[str, int] = defaultdict(int)
     app_of: dict[tuple[str, str], str] = {}
+    slots: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
     for app_name, app in (details.get("applications") or {}).items():
         for dep_name, dep in (app.get("deployments") or {}).items():
-            mf = split_deployment(dep_name)
-            if mf is None:
+            parsed = parse_deployment_name(dep_name)
+            if parsed is None:
                 continue
+            mf, slot = (parsed[0], parsed[1]), parsed[2]
             app_of[mf] = app_name
-            target[mf] = int(dep.get("target_num_replicas") or 0)
+            n = int(dep.get("target_num_replicas") or 0)
+            if slot is None:
+                target[mf] = n
+            else:  # a gang slot: the flavor's target is the sum over its slots
+                slots[mf][slot] = n
+                target[mf] = target.get(mf, 0) + n
             # A STOPPING replica is still finishing in-flight requests: its node is not free yet.
             for rep in dep.get("replicas") or []:
                 running[mf] += 1
+                serving[mf] += rep.get("state") in SERVING_STATES
                 if rep.get("node_id"):
                     per_node[rep["node_id"]] += 1
                 # On Kubernetes a Ray node is a pod: actuators that know pods, not Ray ids, join by IP.
                 if rep.get("node_ip"):
                     per_node[f"ip:{rep['node_ip']}"] += 1
-    return ServeSnapshot(target, dict(running), dict(per_node), app_of)
+    return ServeSnapshot(target, dict(running), dict(serving), dict(per_node), app_of, slots=dict(slots))

@@ -27,16 +27,51 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*[a-z0-9]$")
 SEP = "--"
 
 
+# Ray node labels a multi-node replica's placement group selects on. Every rayscale node carries its
+# flavor and model; the nodes of one gang also carry the gang's slot, a small number unique among the
+# live gangs of its (model, flavor), which the actuator gives the gang when it orders it.
+LABEL_FLAVOR = "rayscale.io/flavor"
+LABEL_MODEL = "rayscale.io/model"
+LABEL_GANG_SLOT = "rayscale.io/gang-slot"
+SLOT_PREFIX = "slot"
+_SLOT_RE = re.compile(rf"^{SLOT_PREFIX}(0|[1-9][0-9]*)$")
+
+
 def deployment_name(model: str, flavor: str) -> str:
     """Serve deployment name of one (model, flavor): the controller sets its num_replicas by this name."""
     return f"{model}{SEP}{flavor}"
 
 
+def slot_deployment_name(model: str, flavor: str, slot: int) -> str:
+    """Serve deployment of one gang slot of a multi-node (model, flavor): ``{model}--{flavor}--slot{k}``
+    (model and flavor names hold no '--', so the name splits back unambiguously)."""
+    return f"{model}{SEP}{flavor}{SEP}{SLOT_PREFIX}{slot}"
+
+
+def parse_deployment_name(name: str) -> tuple[str, str, int | None] | None:
+    """(model, flavor, slot) of a rayscale flavor or slot deployment name (slot None for a flavor
+    deployment); None for any other name (the ingress, other applications' deployments)."""
+    parts = name.split(SEP)
+    if len(parts) == 2 and all(parts):
+        return parts[0], parts[1], None
+    if len(parts) == 3 and all(parts[:2]) and (m := _SLOT_RE.match(parts[2])):
+        return parts[0], parts[1], int(m.group(1))
+    return None
+
+
 def split_deployment_name(name: str) -> tuple[str, str]:
-    model, sep, flavor = name.rpartition(SEP)
-    if not sep:
+    """(model, flavor) of a flavor deployment or of one of its gang slots."""
+    parsed = parse_deployment_name(name)
+    if parsed is None:
         raise ValueError(f"not a rayscale flavor deployment name: {name!r}")
-    return model, flavor
+    return parsed[0], parsed[1]
+
+
+def slot_label_selector(model: str, flavor: str, slot: int) -> list[dict[str, str]]:
+    """Serve's ``placement_group_bundle_label_selector`` of a slot deployment: one selector, which Serve
+    applies to every bundle (ReplicaConfig._normalize_bundle_label_selector), so all bundles of the
+    replica's placement group land on nodes of the one gang that holds this slot."""
+    return [{LABEL_FLAVOR: flavor, LABEL_MODEL: model, LABEL_GANG_SLOT: str(slot)}]
 
 
 class _Strict(BaseModel):
@@ -85,6 +120,13 @@ class FlavorDeployment(_Strict):
     # Ray's accelerator type (A10G, L4, H100, ...): every device bundle asks for a sliver of the
     # "accelerator_type:<type>" resource Ray gives nodes of that type, as Ray Serve LLM does.
     accelerator_type: str | None = None
+    # Multi-node flavors: how many gangs of this (model, flavor) may run at once (its max replicas, one
+    # per gang). Ray can confine bundles to labelled nodes but cannot say "all bundles on nodes that share
+    # one label value", so each gang gets a slot and each slot its own deployment, confined by label to
+    # that gang's nodes (slot_label_selector); the controller runs 1 replica in a slot whose gang is up,
+    # 0 otherwise (each slot deploys at 1: Serve refuses 0 at deploy time; the replica waits for its gang).
+    # 0: a single-node flavor, one deployment whose replicas go to any node of the flavor.
+    gang_slots: int = Field(default=0, ge=0)
 
     @field_validator("flavor")
     @classmethod
@@ -92,6 +134,19 @@ class FlavorDeployment(_Strict):
         if not NAME_RE.match(v) or SEP in v:
             raise ValueError(f"flavor {v!r} must be lower-case letters, digits, '.', '-' (no '--')")
         return v
+
+    @model_validator(mode="after")
+    def _one_replica_per_slot(self) -> FlavorDeployment:
+        # A gang holds one multi-node replica: a slot deployment runs 0 or 1.
+        if self.gang_slots and self.num_replicas > 1:
+            raise ValueError(f"num_replicas is per gang slot (0 or 1) when gang_slots is set, got {self.num_replicas}")
+        return self
+
+    def deployment_names(self, model: str) -> list[str]:
+        """The Serve deployments of this flavor: one, or one per gang slot."""
+        if self.gang_slots:
+            return [slot_deployment_name(model, self.flavor, k) for k in range(self.gang_slots)]
+        return [deployment_name(model, self.flavor)]
 
     @model_validator(mode="after")
     def _bundles_match_parallelism(self) -> FlavorDeployment:
@@ -189,6 +244,7 @@ class FlavorSpec(_Strict):
     profile: EmulatedProfile | None = None
     max_ongoing_requests: int | None = Field(default=None, ge=1)
     stream_batching_interval_ms: float | None = Field(default=None, ge=0)
+    gang_slots: int | None = Field(default=None, ge=0)
 
 
 class RayscaleExtension(_Strict):
@@ -379,6 +435,14 @@ class IngressConfig(_Strict):
     max_ongoing_requests: int = Field(default=1024, ge=1)
     # Seconds between refreshes of the run-time flavor weights from the weight store.
     weights_refresh_s: float = Field(default=1.0, gt=0)
+    # A model with no replica that can serve (starting, or at zero replicas) is not listed, and its requests
+    # are held (rayscale.serve.readiness): at most hold_max_requests per model and ingress replica, each at
+    # most hold_timeout_s; past either, 503 with Retry-After hold_retry_after_s.
+    hold_max_requests: int = Field(default=256, ge=0)
+    hold_timeout_s: float = Field(default=300.0, ge=0)
+    hold_retry_after_s: float = Field(default=10.0, gt=0)
+    # Seconds between reads of the replicas' states from Serve (serve.status()).
+    readiness_poll_s: float = Field(default=1.0, gt=0)
 
 
 class AppConfig(_Strict):
@@ -484,7 +548,7 @@ def _check_rayscale_app(app: dict[str, Any], i: int, source: str) -> AppConfig:
     # under args.app_name: apart, weights never reach the ingress.
     if cfg.app_name != name:
         raise ConfigError(f"{where}.args.app_name: {cfg.app_name!r} must equal the application name {name!r}")
-    known = {deployment_name(m.name, f.flavor) for m in cfg.models for f in m.flavors} | {"ingress"}
+    known = {d for m in cfg.models for f in m.flavors for d in f.deployment_names(m.name)} | {"ingress"}
     for j, d in enumerate(app.get("deployments") or []):
         if d.get("name") not in known:
             raise ConfigError(

@@ -11,9 +11,9 @@ Modelled on ray-project/kuberay ``ray-operator/controllers/ray/raycluster_contro
 - every pod named in ``scaleStrategy.workersToDelete`` is deleted on every pass, whatever
   ``replicas`` says (404 ignored); the diff is then taken against the remaining pods, so the client
   must lower ``replicas`` in the same write or KubeRay creates replacements;
-- the operator does NOT clear ``workersToDelete`` in the stored spec (it clears a copy; the Ray
-  autoscaler patches the list away once the pods are gone, kuberay#733). ``clear_workers_to_delete``
-  turns on the behaviour some expect, for tests that want it;
+- the operator does NOT clear ``workersToDelete`` in the stored spec (it clears its copy in
+  ``reconcilePods`` and never writes the spec back; the Ray autoscaler patches the list away once the
+  pods are gone, kuberay#733);
 - with ``enableInTreeAutoscaling: true`` surplus pods are never deleted at random (only via
   workersToDelete); without it, surplus pods are deleted in list order;
 - ``status``: desired/min/max/ready/available worker replicas, state ``ready`` once head and all
@@ -73,7 +73,6 @@ class KubeRayStandIn(StandIn):
         self,
         store: Store,
         *,
-        clear_workers_to_delete: bool = False,
         schedule: bool = True,
         pod_start_delay: float = 0.0,
         clock: Clock | None = None,
@@ -81,7 +80,6 @@ class KubeRayStandIn(StandIn):
         external_kubelet: Callable[[Obj], bool] | None = None,
     ) -> None:
         super().__init__(store, clock=clock, tick=tick)
-        self.clear_workers_to_delete = clear_workers_to_delete
         self.scheduler = (
             PodScheduler(
                 store, start_delay=pod_start_delay, clock=clock, tick=tick, external_kubelet=external_kubelet
@@ -115,7 +113,6 @@ class KubeRayStandIn(StandIn):
         if not heads and spec.get("headGroupSpec"):
             self._create_pod(rc, spec["headGroupSpec"], HEAD_GROUP, "head", f"{name}-head-"[:56].lower())
         autoscaling = bool(spec.get("enableInTreeAutoscaling"))
-        cleared = False
         groups = spec.get("workerGroupSpecs") or []
         for group in groups:
             gname = group["groupName"]
@@ -142,20 +139,6 @@ class KubeRayStandIn(StandIn):
             elif diff < 0 and not autoscaling:
                 for p in remaining[:-diff]:
                     self._delete_pod(ns, p["metadata"]["name"])
-            if to_delete and self.clear_workers_to_delete:
-                group.setdefault("scaleStrategy", {})["workersToDelete"] = []
-                cleared = True
-        if cleared:
-            self.store.patch(
-                "rayclusters",
-                name,
-                [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
-                    {"op": "replace", "path": "/spec/workerGroupSpecs", "value": groups},
-                ],
-                ns,
-                patch_type="json",
-            )
 
     def _create_pod(self, rc: Obj, group: Obj, gname: str, node_type: str, generate_name: str) -> None:
         meta = rc["metadata"]

@@ -348,6 +348,7 @@ def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world:
                       subresource="status")
     w.config = replace(w.config, rayservice="llm")
     w.actuator().gangs(w.clock.now())
+    assert w.act is not None and w.act.sync_serve_targets({"llm": {"mistral-7b--a10g": 2}}) == []
     # The Deployment's replicas elect one writer: create the Lease, then read and renew it.
     from kubernetes import client
 

@@ -1,9 +1,12 @@
 """KubeActuator with a KubeRay RayService: it drives the RayCluster the RayService's status names.
 
 KubeRay names a RayService's cluster itself and replaces it on every cluster upgrade (a pending cluster
-comes up beside the active one, traffic moves, the old one goes). The RayService stand-in here is the
-test: it writes ``status.activeServiceStatus`` / ``pendingServiceStatus`` as KubeRay's RayService
-controller does (see rayservice_controller.go), and the KubeRay stand-in runs each RayCluster's pods.
+comes up beside the active one, traffic moves, the old one goes). The RayService stand-in
+(rayscale_testing.rayservice, after rayservice_controller.go) writes ``status.activeServiceStatus`` /
+``pendingServiceStatus``, rebuilds clusters in place and submits ``serveConfigV2`` as KubeRay does; the
+KubeRay stand-in runs each RayCluster's pods. With ``ServeModel`` a cluster's application is RUNNING only
+once every replica target has a worker pod, so the tests see whether traffic is ever moved to, or left
+on, a cluster that cannot serve its targets (docs/design.md, "KubeRay and rayscale").
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import yaml
 from rayscale_testing.kubeapi import KubeAPIServer
-from rayscale_testing.rayservice import RayServiceStandIn, RecordedServe
+from rayscale_testing.rayservice import RayServiceStandIn, RecordedServe, ServeModel
 
 from rayscale.cluster.kube import KubeError
-from rayscale.core.act import Gang, GangPhase
+from rayscale.controller.loop import Controller, ControllerConfig
+from rayscale.controller.serve_client import ServeSnapshot
+from rayscale.core.act import Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import Catalog
+from rayscale.serve.config import validate_serve_config
 
 from .kubeworld import NS, World, make_world, rendered, rendered_raycluster
-from .test_actuator import BIG, GROUP, act, up
+from .test_actuator import BIG, GROUP, act, created_claims, up
 
 RS = "llm"
 
@@ -61,9 +68,9 @@ def set_status(w: World, active: str = "", pending: str = "") -> None:
     w.api.store.patch("rayservices", RS, {"status": status}, NS, subresource="status")
 
 
-def group(w: World, cluster: str) -> dict[str, Any]:
+def group(w: World, cluster: str, name: str = GROUP) -> dict[str, Any]:
     rc = w.api.store.get("rayclusters", cluster, NS)
-    return next(g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == GROUP)
+    return next(g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == name)
 
 
 def workers(w: World, cluster: str) -> list[dict[str, Any]]:
@@ -144,41 +151,123 @@ def deploy(w: World, rsc: RayServiceStandIn) -> tuple[str, Gang]:
     return first, g
 
 
-def test_a_rayclusterconfig_change_starts_a_pending_cluster_and_kuberay_cuts_over(
-    world: World, kuberay: RayServiceStandIn
+# --- rayscale and KubeRay sharing the RayService (rayscale.cluster.kube.rayservice) ----------------------
+
+MISTRAL = ("mistral-7b", "a10g", "on-demand")  # one g5.xlarge per gang, one Serve replica per gang
+M_GROUP = "a10g-g5-xlarge"
+APP, DEP = "llm", "mistral-7b--a10g"  # the rendered application and its a10g deployment
+
+
+def serving_pods(w: World, cluster: str) -> list[dict[str, Any]]:
+    return [p for p in workers(w, cluster) if p["metadata"]["labels"]["ray.io/group"] == M_GROUP
+            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
+@pytest.fixture
+def served(world: World) -> tuple[World, RayServiceStandIn, ServeModel]:
+    """KubeRay's RayService controller over a Serve model: a cluster runs one mistral-7b replica per
+    Running worker pod of its g5.xlarge group, and its application is RUNNING once every target fits."""
+    w = world
+    head_nodes(w, 3)
+
+    def capacity(cluster: str, deployment: str) -> int:
+        return len(serving_pods(w, cluster)) if deployment == DEP else 0
+
+    serve = ServeModel(capacity)
+    return w, RayServiceStandIn(w.api.store, serve, clock=w.clock), serve
+
+
+def targets(w: World, n: int) -> None:
+    """What the controller does each period: Serve's targets (after its SetReplicas) into the RayService."""
+    assert w.act is not None
+    assert w.act.sync_serve_targets({APP: {DEP: n, "qwen2-7b--a10g": 0}}) == []
+
+
+def deploy_served(w: World, rsc: RayServiceStandIn, serve: ServeModel, n: int = 2) -> tuple[str, list[Gang]]:
+    """First deploy: the controller's targets in serveConfigV2, gangs for the first (pending) cluster;
+    KubeRay makes it active once its n replicas run."""
+    targets(w, n)
+    until(w, rsc, lambda gs: pending(w) != "" or active(w) != "", what="a cluster named")
+    gangs: list[Gang] = []
+    act(w, {MISTRAL: n}, gangs)
+    gangs = until(w, rsc, lambda gs: active(w) != "" and len(gs) == n and all(g.phase == GangPhase.READY for g in gs),
+                  what="first cluster serving and promoted")
+    first = active(w)
+    assert serve.running(first, APP, DEP) == n and group(w, first, M_GROUP)["replicas"] == n
+    rs = w.api.store.get("rayservices", RS, NS)
+    assert group_of(rs["spec"]["rayClusterConfig"], M_GROUP)["replicas"] == n  # mirrored
+    return first, gangs
+
+
+def group_of(spec: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(g for g in spec["workerGroupSpecs"] if g["groupName"] == name)
+
+
+def serving_cluster(w: World) -> str:
+    """The cluster KubeRay's Serve service points to (the active one; the pending one on first deploy)."""
+    return active(w)
+
+
+def test_an_upgrade_gets_twins_on_the_pending_cluster_and_cuts_over_only_once_they_serve(
+    served: tuple[World, RayServiceStandIn, ServeModel]
 ) -> None:
-    """rayservice_controller.go shouldPrepareNewCluster / reconcilePromotionAndServingStatus: a spec change
-    that is not an appended worker group makes a new cluster at its manifest replicas; KubeRay promotes
-    it once its Serve apps run, whatever workers it has; the old one goes after the deletion delay."""
-    w, rsc = world, kuberay
-    first, g = deploy(w, rsc)
+    """rayservice_controller.go shouldPrepareNewCluster / reconcileServe / reconcilePromotionAndServingStatus:
+    a rayClusterConfig change makes a pending cluster from the RayService (the mirrored replicas, the
+    written Serve targets); rayscale gives it a twin of every gang; KubeRay moves traffic once its Serve
+    application runs both replicas. The serving cluster never runs fewer replicas than its target, the
+    controller always sees two ready gangs, and the old gangs go once KubeRay deleted the old cluster."""
+    w, rsc, serve = served
+    first, gangs = deploy_served(w, rsc, serve)
+    old = {g.name for g in gangs}
+    old_pods = {p["metadata"]["name"] for p in workers(w, first)}
     edit_rayservice(w, lambda spec: spec["rayClusterConfig"]["headGroupSpec"]["rayStartParams"].update(
         {"num-cpus": "1"}))
-    (g,) = until(w, rsc, lambda gs: pending(w) != "" and w.api.store.try_get("rayclusters", pending(w), NS) is not None,
-                 what="pending cluster")
-    second = pending(w)
-    assert second != first and g.phase == GangPhase.READY  # rayscale keeps driving the active cluster
-    assert group(w, second)["replicas"] == 0  # the manifest's replicas: rayscale never gave it gangs
-    until(w, rsc, lambda gs: active(w) == second, what="cut over")
-    assert w.api.store.try_get("rayclusters", first, NS) is not None  # deleted only after 60 s
-    # The actuator follows the new active cluster: the gang's workers come up there again.
-    (g,) = until(w, rsc, lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY and workers(w, second) != [],
-                 what="gang ready on the new cluster")
-    until(w, rsc, lambda gs: w.api.store.try_get("rayclusters", first, NS) is None, what="old cluster deleted")
-    assert group(w, second)["replicas"] == 2
-    assert isinstance(rsc.serve, RecordedServe)
-    assert [c for c, _ in rsc.serve.submissions] == [first, second]
+    second, seen_twins, ticks = "", False, 0
+    while active(w) == first and ticks < 80:
+        gangs = tick(w, rsc)
+        ticks += 1
+        assert serve.running(serving_cluster(w), APP, DEP) == 2  # traffic is served at full target
+        if active(w) != first:
+            break
+        # The controller's view does not move during the upgrade.
+        assert {g.name for g in gangs} == old and all(g.phase == GangPhase.READY for g in gangs), gangs
+        second = pending(w) or second
+        made = [c for c in w.claims() if c["metadata"]["labels"].get("rayscale.io/raycluster") == second]
+        if made and not seen_twins:
+            w.actuator()  # a controller restart mid-upgrade: the twins are found again, none made twice
+        seen_twins |= len(made) == 2
+    assert created_claims(w) == 4  # two gangs, two twins
+    assert second and active(w) == second and seen_twins
+    # The pending cluster was submitted the controller's targets and ran them all before the cut-over.
+    assert serve.submissions[-1][0] == second and serve.running(second, APP, DEP) == 2
+    assert [c for c, _ in serve.submissions].count(second) == 1
+    assert {p["metadata"]["name"] for p in workers(w, first)} == old_pods  # never touched while serving
+    twins = {c["metadata"]["labels"]["rayscale.io/gang"]: c["metadata"]["labels"]["rayscale.io/twin-of"]
+             for c in w.claims() if c["metadata"]["labels"].get("rayscale.io/raycluster") == second}
+    assert sorted(twins.values()) == sorted(old)
+    # From now on the twins are the controller's gangs; the old cluster's go when KubeRay deleted it.
+    gangs = tick(w, rsc)
+    assert {g.name for g in gangs} == set(twins) and all(g.phase == GangPhase.READY for g in gangs)
+    until(w, rsc, lambda gs: w.api.store.try_get("rayclusters", first, NS) is None and not any(w.claims(g) for g in old),
+          what="old cluster deleted, its gangs released", ticks=40)
+    assert w.clock.now() > 60  # rayClusterDeletionDelaySeconds: the old cluster served in-flight requests
+    gangs = tick(w, rsc)
+    assert {g.name for g in gangs} == set(twins) and serve.running(active(w), APP, DEP) == 2
+    assert group(w, second, M_GROUP)["replicas"] == 2
+    rs = w.api.store.get("rayservices", RS, NS)
+    assert group_of(rs["spec"]["rayClusterConfig"], M_GROUP)["replicas"] == 2
 
 
-def test_appending_a_worker_group_rebuilds_the_active_cluster_from_the_manifest(
-    world: World, kuberay: RayServiceStandIn
+def test_editing_the_rayservice_to_append_a_worker_group_keeps_every_worker(
+    served: tuple[World, RayServiceStandIn, ServeModel]
 ) -> None:
-    """shouldUpdateCluster + modifyRayCluster: appended worker groups update the active cluster in place,
-    every group back to its manifest replicas and workersToDelete cleared; KubeRay then deletes the
-    surplus pods (no in-tree autoscaling), and rayscale raises the replicas again."""
-    w, rsc = world, kuberay
-    first, _ = deploy(w, rsc)
+    """shouldUpdateCluster + modifyRayCluster: an appended worker group rebuilds the active cluster in
+    place from the RayService. The RayService carries rayscale's replicas, so an edit of the live object
+    (kubectl edit / patch) rebuilds it with them: KubeRay deletes no pod, Serve is not re-submitted."""
+    w, rsc, serve = served
+    first, gangs = deploy_served(w, rsc, serve)
     before = {p["metadata"]["name"] for p in workers(w, first)}
+    deleted, submitted = len(w.kuberay.deleted_pods), len(serve.submissions)
 
     def append(spec: dict[str, Any]) -> None:
         extra = copy.deepcopy(spec["rayClusterConfig"]["workerGroupSpecs"][-1])
@@ -186,14 +275,72 @@ def test_appending_a_worker_group_rebuilds_the_active_cluster_from_the_manifest(
         spec["rayClusterConfig"]["workerGroupSpecs"].append(extra)
 
     edit_rayservice(w, append)
+    for _ in range(5):
+        gangs = tick(w, rsc)
+        assert serve.running(active(w), APP, DEP) == 2
+    assert rsc.updated_in_place == [first] and rsc.created == [first] and pending(w) == ""
+    assert group(w, first, M_GROUP)["replicas"] == 2 and group(w, first, "extra")["replicas"] == 0
+    assert {p["metadata"]["name"] for p in workers(w, first)} == before
+    assert len(w.kuberay.deleted_pods) == deleted and len(serve.submissions) == submitted
+    assert all(g.phase == GangPhase.READY for g in gangs) and len(gangs) == 2
+
+
+def test_an_operator_upgrade_and_restart_keep_workers_and_serve_targets(
+    served: tuple[World, RayServiceStandIn, ServeModel]
+) -> None:
+    """A new KubeRay version rebuilds the active cluster in place (its version annotation differs) and,
+    its cache empty, re-submits serveConfigV2: with rayscale's replicas and targets in the RayService,
+    no pod goes and every target stays; a later scale by the controller reaches the config too."""
+    w, rsc, serve = served
+    first, _ = deploy_served(w, rsc, serve)
+    before = {p["metadata"]["name"] for p in workers(w, first)}
+    deleted = len(w.kuberay.deleted_pods)
+    upgraded = RayServiceStandIn(w.api.store, serve, version="v1.6.0", clock=w.clock)
+    for _ in range(4):
+        gangs = tick(w, upgraded)
+        assert serve.running(active(w), APP, DEP) == 2
+    assert upgraded.updated_in_place == [first] and upgraded.created == [] and active(w) == first
+    assert w.api.store.get("rayclusters", first, NS)["metadata"]["annotations"]["ray.io/kuberay-version"] == "v1.6.0"
+    assert serve.submissions[-1][0] == first and serve.target(first, APP, DEP) == 2  # re-submitted, kept
+    assert {p["metadata"]["name"] for p in workers(w, first)} == before and len(w.kuberay.deleted_pods) == deleted
+    assert len(gangs) == 2 and all(g.phase == GangPhase.READY for g in gangs)
+    # The controller scales Serve to 3 (its scale endpoint) and writes the target: KubeRay re-submits 3.
+    serve.scale(first, APP, DEP, 3)
+    targets(w, 3)
+    tick(w, upgraded)
+    assert serve.target(first, APP, DEP) == 3 and yaml.safe_load(serve.submissions[-1][1])["applications"][0][
+        "deployments"][0] == {"name": DEP, "num_replicas": 3}
+
+
+def test_reapplying_the_manifest_with_a_group_appended_loses_the_pods_but_not_the_gangs(
+    served: tuple[World, RayServiceStandIn, ServeModel]
+) -> None:
+    """`kubectl apply` of a manifest whose workerGroupSpecs changed replaces the whole list (an atomic
+    list in the CRD, a JSON merge patch): every group's replicas go back to the manifest's 0, KubeRay
+    rebuilds the active cluster with them and deletes its worker pods in the same pass
+    (raycluster_controller.go reconcilePods), before any other controller can act. rayscale keeps the
+    gangs and their admitted Nodes, raises the replicas again, and KubeRay's new pods land on the same
+    Nodes; Serve's targets (serveConfigV2 is not in the patch) are untouched."""
+    w, rsc, serve = served
+    first, _ = deploy_served(w, rsc, serve)
+    nodes = {p["spec"]["nodeName"] for p in workers(w, first)}
+    claims = {c["metadata"]["uid"] for c in w.claims()}
+    manifest = rendered(w.catalog, "deployments/k8s/rayservice.yaml")[0]["spec"]["rayClusterConfig"]
+    extra = copy.deepcopy(manifest["workerGroupSpecs"][-1])
+    extra["groupName"] = "extra"
+    w.api.store.patch("rayservices", RS, {"spec": {"rayClusterConfig": {
+        "workerGroupSpecs": [*manifest["workerGroupSpecs"], extra]}}}, NS)
     w.step()
     rsc.step()
-    assert rsc.updated_in_place == [first] and rsc.created == [first] and pending(w) == ""
-    assert group(w, first)["replicas"] == 0  # back to the manifest
     w.kuberay.step()
-    assert workers(w, first) == []  # KubeRay deleted the gang's worker pods
-    until(w, rsc, lambda gs: len(gs) == 1 and gs[0].phase == GangPhase.READY, what="ready again")
-    assert group(w, first)["replicas"] == 2 and {p["metadata"]["name"] for p in workers(w, first)} != before
+    assert workers(w, first) == [] and rsc.updated_in_place == [first]  # upstream: gone at once
+    until(w, rsc, lambda gs: len(gs) == 2 and all(g.phase == GangPhase.READY for g in gs)
+          and serve.running(first, APP, DEP) == 2, what="serving again")
+    assert {p["spec"]["nodeName"] for p in workers(w, first)} == nodes
+    assert {c["metadata"]["uid"] for c in w.claims()} == claims  # the same NodeClaims throughout
+    assert serve.target(first, APP, DEP) == 2 and active(w) == first and rsc.created == [first]
+    rs = w.api.store.get("rayservices", RS, NS)
+    assert group_of(rs["spec"]["rayClusterConfig"], M_GROUP)["replicas"] == 2  # mirrored again
 
 
 def test_kuberay_resubmits_serve_config_after_a_restart_and_on_a_change(
@@ -245,3 +392,63 @@ def test_controller_command_takes_a_rayservice() -> None:
                                       "--rayservice", "llm"])
     assert args.rayservice == "llm" and args.raycluster == "rayscale"
     assert build_parser().parse_args(["controller", "--actuator", "kube"]).rayservice is None
+
+
+def test_the_controller_writes_serve_targets_after_its_set_replicas_into_serve_config_v2(world: World) -> None:
+    """Each period the controller hands Serve's targets, after its own SetReplicas, to the actuator, which
+    writes them as num_replicas of the RayService's serveConfigV2 (a config Ray's schema and rayscale's
+    rules still accept); unchanged targets write nothing."""
+    w = world
+    none: Any = None
+    assert w.act is not None
+    ctl = Controller(w.catalog, w.act, none, none, ControllerConfig(app_name="llm"))
+    snap = ServeSnapshot(target={("mistral-7b", "a10g"): 1, ("qwen2-7b", "a10g"): 1},
+                         app_of={("mistral-7b", "a10g"): "llm", ("qwen2-7b", "a10g"): "llm"})
+    assert ctl._keep_targets((SetReplicas("mistral-7b", "a10g", 3, "plan"),), snap) == []
+    rs = w.api.store.get("rayservices", RS, NS)
+    raw = yaml.safe_load(rs["spec"]["serveConfigV2"])
+    (app,) = raw["applications"]
+    assert {d["name"]: d["num_replicas"] for d in app["deployments"]} == {"mistral-7b--a10g": 3, "qwen2-7b--a10g": 1}
+    assert set(validate_serve_config(raw, "serveConfigV2").apps) == {"llm"}
+    version = rs["metadata"]["resourceVersion"]
+    snap.target[("mistral-7b", "a10g")] = 3
+    assert ctl._keep_targets((), snap) == []
+    assert w.api.store.get("rayservices", RS, NS)["metadata"]["resourceVersion"] == version
+
+
+def test_a_gang_made_before_clusters_were_recorded_is_adopted_by_the_driven_cluster(world: World) -> None:
+    """Gangs made by a RayCluster-mode controller carry no cluster; the first RayService pass records the
+    driven one on them, so that after the next cut-over they are released with it, not counted twice."""
+    w = world
+    add_cluster(w, "llm-q2w4r")
+    set_status(w, active="llm-q2w4r")
+    with_service = w.config
+    w.config = replace(with_service, rayservice=None, raycluster="llm-q2w4r")
+    w.actuator()
+    up(w)
+    assert w.claims() and all("rayscale.io/raycluster" not in c["metadata"]["labels"] for c in w.claims())
+    w.config = with_service
+    w.actuator()
+    (g,) = w.tick()
+    assert g.phase == GangPhase.READY
+    assert all(c["metadata"]["labels"]["rayscale.io/raycluster"] == "llm-q2w4r" for c in w.claims())
+
+
+def test_serve_targets_written_into_serve_config_v2_pass_rays_own_schema_at_zero_too() -> None:
+    """Ray's DeploymentSchema takes num_replicas >= 1: a deployment the controller scaled to zero is left to
+    the application's own count rather than written as 0 (KubeRay could not submit that config)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from rayscale.cluster.kube.rayservice import with_serve_targets
+
+    base = yaml.safe_dump({"applications": [{
+        "name": APP, "route_prefix": "/", "import_path": "rayscale.serve.app:build_app",
+        "args": {"app_name": APP}, "deployments": [{"name": DEP, "num_replicas": 1},
+                                                    {"name": "qwen2-7b--a10g", "num_replicas": 2,
+                                                     "max_ongoing_requests": 64}]}]})
+    out = with_serve_targets(base, {APP: {DEP: 0, "qwen2-7b--a10g": 0, "qwen2-7b--l4": 3}})
+    assert out is not None
+    (app,) = ServeDeploySchema.model_validate(yaml.safe_load(out)).applications
+    counts = {d.name: d.num_replicas if "num_replicas" in d.model_fields_set else None for d in app.deployments}
+    assert counts == {"qwen2-7b--a10g": None, "qwen2-7b--l4": 3}
+    assert with_serve_targets(out, {APP: {DEP: 0, "qwen2-7b--a10g": 0, "qwen2-7b--l4": 3}}) is None

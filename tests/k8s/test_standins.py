@@ -492,21 +492,3 @@ def test_deleting_the_raycluster_garbage_collects_its_pods(store: Store) -> None
     assert len(store.list("pods", "default")[0]) == 3  # head + 2 workers
     store.delete("rayclusters", "rc", "default")
     assert store.list("pods", "default")[0] == []
-
-
-def test_clear_workers_to_delete_option(store: Store) -> None:
-    kr = KubeRayStandIn(store, schedule=False, clear_workers_to_delete=True)
-    store.create("rayclusters", raycluster("rc", replicas=2, autoscaling=True))
-    kr.step()
-    victim = workers(store)[0]["metadata"]["name"]
-    rc = store.get("rayclusters", "rc", "default")
-    rc["spec"]["workerGroupSpecs"][0].update(replicas=1, scaleStrategy={"workersToDelete": [victim]})
-    store.update("rayclusters", rc)
-    kr.step()
-    assert [p["metadata"]["name"] for p in workers(store)] != [victim] and len(workers(store)) == 1
-    assert (
-        store.get("rayclusters", "rc", "default")["spec"]["workerGroupSpecs"][0]["scaleStrategy"][
-            "workersToDelete"
-        ]
-        == []
-    )

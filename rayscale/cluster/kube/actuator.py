@@ -46,10 +46,19 @@ Down: ``delete_gang`` (after Serve drained it) marks the claims; then the claims
 an earlier list is pending, as KubeRay asks); once those pods are gone the list is cleared, and only
 then the NodeClaims are deleted (Karpenter's finalizer drains and terminates the instances).
 
-RayService: KubeRay names the RayCluster of a RayService itself (``<rayservice>-<suffix>``) and makes a
-new one on every cluster upgrade. With ``rayservice`` set, each pass reads the RayService and drives
-the cluster its ``status.activeServiceStatus.rayClusterName`` names (``pendingServiceStatus`` only
-while there is no active one, as on first deploy). When neither names one, or the RayService is
+RayService (``rayservice`` set; rules and upstream files in ``rayscale.cluster.kube.rayservice`` and
+docs/design.md, "KubeRay and rayscale"): KubeRay names the RayService's clusters itself
+(``<rayservice>-<suffix>``). Each pass reads the RayService and drives the cluster its
+``status.activeServiceStatus.rayClusterName`` names (``pendingServiceStatus`` only while there is no
+active one, as on first deploy); the gangs it creates carry ``rayscale.io/raycluster``. After each
+pass the RayService's worker-group ``replicas`` are those of the driven cluster, and
+``sync_serve_targets`` writes Serve's replica targets into ``serveConfigV2``, so KubeRay's in-place
+rebuilds and re-submissions keep them. During an upgrade (an active and a pending cluster) every live
+gang of the active cluster gets a twin for the pending one (same model, flavor, zone, capacity type
+and instance type; ``rayscale.io/twin-of``), whose Nodes the pending cluster's worker groups are
+sized to; twins are not reported to the controller. KubeRay moves traffic once the pending cluster
+serves every target; from then on the twins are the controller's gangs, and the old cluster's gangs
+are released once KubeRay deleted that cluster's pods. When no cluster is named, or the RayService is
 missing, the pass raises ``KubeError`` (and says why in ``last_errors``): no view, no decision.
 """
 
@@ -98,6 +107,14 @@ from rayscale.cluster.kube.naming import (
     nodeclass_name,
     nodepool_name,
     worker_group_name,
+)
+from rayscale.cluster.kube.rayservice import (
+    LABEL_RAYCLUSTER,
+    LABEL_TWIN_OF,
+    ServiceClusters,
+    mirror_replicas,
+    twin_name,
+    with_serve_targets,
 )
 from rayscale.core.act import CreateGang, Gang, GangPhase
 from rayscale.core.catalog import Catalog
@@ -155,6 +172,14 @@ def _running(pod: Obj) -> bool:
 
 
 @dataclass
+class _GroupSync:
+    """One cluster's worker groups after a pass: replicas, and whether a workersToDelete list is pending."""
+
+    replicas: dict[str, int] = field(default_factory=dict)
+    deleting: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
 class _View:
     """One gang as read from the cluster in this pass."""
 
@@ -199,6 +224,7 @@ class KubeActuator:
         self._created_s: dict[str, float] = {}
         self._refused: dict[str, tuple[CreateGang, str]] = {}  # gang -> (action, why it was not created)
         self._events: dict[str, str] | None = None  # claim -> Karpenter's last Event on it, read once a pass
+        self._clusters: ServiceClusters | None = None  # what the RayService named at the last read
         self.last_errors: list[str] = []
 
     # --- API helpers ---------------------------------------------------------------------------------
@@ -237,11 +263,14 @@ class KubeActuator:
                 raise
 
     # --- NodeClaims ----------------------------------------------------------------------------------
-    def nodeclaim(self, action: CreateGang, member: int, now: float, pool: Obj | None = None) -> Obj:
+    def nodeclaim(self, action: CreateGang, member: int, now: float, pool: Obj | None = None,
+                  extra: dict[str, str] | None = None) -> Obj:
         """The NodeClaim for one member of a gang (also what render/tests validate); ``pool`` is its
-        NodePool as read from the cluster, for the ownerReference."""
+        NodePool as read from the cluster, for the ownerReference; ``extra`` labels say which RayCluster
+        the gang is for (RayService mode)."""
         fl = self.catalog.flavors[action.flavor]
         labels = {
+            **(extra or {}),
             LABEL_OWNER: OWNER, LABEL_GANG: action.name, LABEL_MODEL: action.model,
             LABEL_FLAVOR_KEY: action.flavor, LABEL_CAPACITY: action.capacity_type, LABEL_ZONE: action.zone,
             LABEL_SIZE: str(action.nodes), LABEL_CREATED: f"{now:.3f}", LABEL_MEMBER: str(member),
@@ -296,14 +325,14 @@ class KubeActuator:
         return f"NodePool {name} limits: {'; '.join(over)}" if over else ""
 
     def _create_members(self, action: CreateGang, created_s: float, members: list[int],
-                        pool: Obj | None) -> None:
+                        pool: Obj | None, extra: dict[str, str] | None = None) -> None:
         if pool is None:
             self.last_errors.append(f"NodePool {nodepool_name(self.catalog.flavors[action.flavor])} not "
                                     f"found: gang {action.name}'s claims carry no ownerReference")
         for i in members:
             try:
                 self._call(self.custom.create_cluster_custom_object, *KARPENTER,
-                           self.nodeclaim(action, i, created_s, pool))
+                           self.nodeclaim(action, i, created_s, pool, extra))
             except ApiException as e:
                 if e.status != 409:  # AlreadyExists: created before (a retry or a restart)
                     raise
@@ -316,7 +345,9 @@ class KubeActuator:
         if any(ANN_DELETING in _annotations(c) or c["metadata"].get("deletionTimestamp") for c in existing):
             return  # an earlier gang of this name is still being released; decide() asks again later
         if existing:
-            return  # exists (a restart, a repeated action): reconcile completes any missing member
+            # Exists (a restart, a repeated action): reconcile completes any missing member. A gang of a
+            # RayService's old cluster is released once that cluster is gone; decide() asks again then.
+            return
         pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
         why = self._limit_error(action, pool) if pool is not None else ""
         if why:
@@ -324,7 +355,8 @@ class KubeActuator:
             return
         self._created[action.name] = action
         self._created_s[action.name] = now
-        self._create_members(action, now, list(range(action.nodes)), pool)
+        extra = {LABEL_RAYCLUSTER: self._primary()} if self.config.rayservice else None
+        self._create_members(action, now, list(range(action.nodes)), pool, extra)
 
     def delete_gang(self, name: str) -> None:
         self._created.pop(name, None)
@@ -347,35 +379,58 @@ class KubeActuator:
     # --- reconcile -----------------------------------------------------------------------------------
     def raycluster_name(self) -> str:
         """The RayCluster this pass drives: ``config.raycluster``, or the one the RayService names."""
+        return self._service()[1].primary if self.config.rayservice else self.config.raycluster
+
+    def _rayservice(self) -> Obj:
+        """The RayService (KubeError when it is missing)."""
         cfg = self.config
-        if not cfg.rayservice:
-            return cfg.raycluster
-        where = f"RayService {cfg.namespace}/{cfg.rayservice}"
         try:
-            rs = self._raw(self.custom.get_namespaced_custom_object, *RAY, cfg.namespace, "rayservices",
-                           cfg.rayservice)
+            rs: Obj = self._raw(self.custom.get_namespaced_custom_object, *RAY, cfg.namespace, "rayservices",
+                                cfg.rayservice)
+            return rs
         except ApiException as e:
             if e.status != 404:
                 raise
-            self.last_errors = [f"{where} not found"]
+            self.last_errors = [f"RayService {cfg.namespace}/{cfg.rayservice} not found"]
             raise KubeError(self.last_errors[0]) from e
-        status = rs.get("status") or {}
-        for which in ("activeServiceStatus", "pendingServiceStatus"):
-            name = (status.get(which) or {}).get("rayClusterName")
-            if name:
-                return str(name)
-        self.last_errors = [f"{where} names no RayCluster yet (status.activeServiceStatus.rayClusterName and "
-                            "status.pendingServiceStatus.rayClusterName are empty)"]
-        raise KubeError(self.last_errors[0])
+
+    def _service(self) -> tuple[Obj, ServiceClusters]:
+        """The RayService and the clusters its status names; KubeError when it is missing or names none."""
+        cfg = self.config
+        where = f"RayService {cfg.namespace}/{cfg.rayservice}"
+        rs = self._rayservice()
+        clusters = ServiceClusters.of(rs)
+        if not clusters.primary:
+            self.last_errors = [f"{where} names no RayCluster yet (status.activeServiceStatus.rayClusterName and "
+                                "status.pendingServiceStatus.rayClusterName are empty)"]
+            raise KubeError(self.last_errors[0])
+        self._clusters = clusters
+        return rs, clusters
+
+    def _primary(self) -> str:
+        """The cluster a new gang is for: the one the last pass drove (read now before any pass)."""
+        return (self._clusters or self._service()[1]).primary
+
+    def _role(self, v: _View, where: ServiceClusters) -> str:
+        """"own" (the driven cluster's: reported), "twin" (made for the pending cluster of an upgrade) or
+        "retired" (for a cluster the RayService no longer names). Gangs made before clusters were
+        recorded on them are the driven cluster's."""
+        cluster = v.labels.get(LABEL_RAYCLUSTER, "")
+        if not self.config.rayservice or not cluster or cluster == where.primary:
+            return "own"
+        return "twin" if cluster == where.upgrading else "retired"
 
     def _reconcile(self, now: float) -> list[Gang]:
         cfg = self.config
         self.last_errors = []
-        rc_name = self.raycluster_name()
+        rs, where = self._service() if cfg.rayservice else (None, ServiceClusters(cfg.raycluster))
+        rc_name = where.primary
         claims = self._list_claims()
         nodes = {n["metadata"]["name"]: n for n in self._raw(self.core.list_node, label_selector=OWNED)["items"]}
-        pods = self._raw(self.core.list_namespaced_pod, cfg.namespace,
-                         label_selector=f"ray.io/cluster={rc_name},ray.io/node-type=worker")["items"]
+        pods_of: dict[str, list[Obj]] = defaultdict(list)  # RayCluster -> its worker pods
+        for p in self._raw(self.core.list_namespaced_pod, cfg.namespace,
+                           label_selector="ray.io/node-type=worker")["items"]:
+            pods_of[_labels(p).get("ray.io/cluster", "")].append(p)
         self._events = None
         views = self._views(claims, nodes)
         for name, action in list(self._created.items()):
@@ -389,23 +444,111 @@ class KubeActuator:
                 self._teardown_nodes(v)
             else:
                 self._advance(v, now)
-        pending = self._sync_groups(views, pods, rc_name)
+        role = {name: self._role(v, where) for name, v in views.items()}
+        if cfg.rayservice:
+            for name, v in views.items():
+                if role[name] == "own" and LABEL_RAYCLUSTER not in v.labels:
+                    self._adopt(v, rc_name)
+        by_role: dict[str, dict[str, _View]] = defaultdict(dict)
+        for name, v in views.items():
+            by_role[role[name]][name] = v
+        synced = {rc_name: self._sync_groups(by_role["own"], pods_of[rc_name], rc_name)}
+        if where.upgrading:
+            self._mirror_gangs(by_role["own"], by_role["twin"], where.upgrading, now)
+            synced[where.upgrading] = self._sync_groups(by_role["twin"], pods_of[where.upgrading], where.upgrading)
         pods_on: dict[str, int] = defaultdict(int)
-        for p in pods:
+        for p in (p for ps in pods_of.values() for p in ps):
             pods_on[(p.get("spec") or {}).get("nodeName") or ""] += 1
+        self._retire(by_role["retired"], pods_on)
+        if rs is not None and mirror_replicas(rs, synced[rc_name].replicas, synced[rc_name].deleting):
+            self._update_rayservice(rs, "worker-group replicas")
         out = []
         for v in sorted(views.values(), key=lambda v: v.name):
             if v.deleting:
                 busy = any(pods_on.get(n) for n in v.node_names())
-                if not busy and not pending.get(v.group):
+                group = synced.get(v.labels.get(LABEL_RAYCLUSTER) or rc_name, _GroupSync())
+                if not busy and not group.deleting.get(v.group):
                     for c in v.claims.values():
                         if not c["metadata"].get("deletionTimestamp"):
                             self._delete_claim(c["metadata"]["name"])
                 if not v.claims and v.name in self._created:
                     self._created.pop(v.name, None)
                 continue  # a gang being released is no longer the controller's to count
-            out.append(self._report(v, pods, now))
+            if role[v.name] == "own":
+                out.append(self._report(v, pods_of[rc_name], now))
         return out
+
+    # --- RayService: upgrades and what KubeRay rebuilds from (rayscale.cluster.kube.rayservice) -------
+    def _mirror_gangs(self, own: dict[str, _View], twins: dict[str, _View], cluster: str, now: float) -> None:
+        """During an upgrade: a twin on the pending ``cluster`` for every live gang of the active one; a
+        twin whose gang went, or that failed, is released (and made again once its claims are gone)."""
+        sources = {n: v for n, v in own.items() if not v.deleting and not v.reason}
+        have = {v.labels.get(LABEL_TWIN_OF, ""): v for v in twins.values()}
+        for t in twins.values():
+            if not t.deleting and (t.labels.get(LABEL_TWIN_OF) not in sources or t.reason):
+                self.delete_gang(t.name)
+        for name, src in sorted(sources.items()):
+            if name in have:
+                continue
+            lb = src.labels
+            action = CreateGang(twin_name(name, LABEL_TWIN_OF in lb, cluster), lb.get(LABEL_MODEL, ""),
+                                lb.get(LABEL_FLAVOR_KEY, ""), lb.get(LABEL_CAPACITY, "on-demand"),
+                                lb.get(LABEL_ZONE, ""), src.instance_type, src.size,
+                                f"stands in for {name} on {cluster}")
+            pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
+            why = self._limit_error(action, pool) if pool is not None else ""
+            if why:  # the upgrade waits: KubeRay moves traffic only once the pending cluster serves
+                self.last_errors.append(f"twin {action.name} of {name} for {cluster} not created: {why}")
+                continue
+            self._create_members(action, now, list(range(action.nodes)), pool,
+                                 {LABEL_RAYCLUSTER: cluster, LABEL_TWIN_OF: name})
+
+    def _adopt(self, v: _View, cluster: str) -> None:
+        """Record the cluster on a gang made before clusters were recorded (or in RayCluster mode), so
+        that after the next cut-over it is released with its cluster instead of counted twice."""
+        for c in v.claims.values():
+            self._patch_claim(c["metadata"]["name"], {"metadata": {"labels": {LABEL_RAYCLUSTER: cluster}}})
+        v.labels[LABEL_RAYCLUSTER] = cluster
+
+    def _retire(self, retired: dict[str, _View], pods_on: dict[str, int]) -> None:
+        """Gangs of a cluster the RayService no longer names: released once no pod runs on them (KubeRay
+        deletes the old cluster ``rayClusterDeletionDelaySeconds`` after the cut-over)."""
+        for v in retired.values():
+            self._created.pop(v.name, None)  # no longer the controller's: never reported as vanished
+            if not v.deleting and not any(pods_on.get(n) for n in v.node_names()):
+                self.delete_gang(v.name)
+
+    def _update_rayservice(self, rs: Obj, what: str) -> bool:
+        """Write the RayService back on the version read; a conflict leaves it to the next pass."""
+        try:
+            self._call(self.custom.replace_namespaced_custom_object, *RAY, self.config.namespace,
+                       "rayservices", rs["metadata"]["name"], rs)
+            return True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            self.last_errors.append(f"RayService changed while writing its {what}: written next time")
+            return False
+
+    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
+        """Serve's replica targets (application -> deployment -> replicas) into the RayService's
+        ``serveConfigV2``, so that KubeRay's re-submissions keep them and a pending cluster asks for all
+        of them before it takes traffic. Errors as text (the next period writes again)."""
+        if not self.config.rayservice:
+            return []
+        try:
+            for _ in range(self.config.conflict_retries):
+                rs = self._rayservice()
+                spec = rs.setdefault("spec", {})
+                text = with_serve_targets(str(spec.get("serveConfigV2") or ""), targets)
+                if text is None:
+                    return []
+                spec["serveConfigV2"] = text
+                if self._update_rayservice(rs, "serveConfigV2"):
+                    return []
+            return list(self.last_errors[-1:])
+        except (ApiException, KubeError) as e:
+            return [f"writing serve targets into the RayService: {e}"]
 
     def _labels_of(self, a: CreateGang) -> dict[str, str]:
         created = self._created_s.get(a.name)
@@ -498,7 +641,8 @@ class KubeActuator:
                                 lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type,
                                 v.size, "resume after restart")
             pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
-            self._create_members(action, float(lb.get(LABEL_CREATED, now)), missing, pool)
+            extra = {k: lb[k] for k in (LABEL_RAYCLUSTER, LABEL_TWIN_OF) if k in lb}
+            self._create_members(action, float(lb.get(LABEL_CREATED, now)), missing, pool, extra)
             v.complete = True
             return
         up = len(v.claims) == v.size and all(_is_true(c, "Initialized") for c in v.claims.values())
@@ -523,10 +667,10 @@ class KubeActuator:
                                                "annotations": {ANN_DO_NOT_DISRUPT: None}}})
                 n["metadata"].get("labels", {}).pop(LABEL_RAY_WORKER, None)
 
-    def _sync_groups(self, views: dict[str, _View], pods: list[Obj], rc_name: str) -> dict[str, bool]:
+    def _sync_groups(self, views: dict[str, _View], pods: list[Obj], rc_name: str) -> _GroupSync:
         """Worker-group replicas = admitted Nodes of live gangs; surplus pods named in workersToDelete.
 
-        Returns, per group, whether a workersToDelete list is still pending after this pass."""
+        Returns each group's replicas and whether a workersToDelete list is still pending after this pass."""
         admitted: dict[str, set[str]] = defaultdict(set)
         for v in views.values():
             if not v.deleting:
@@ -537,21 +681,23 @@ class KubeActuator:
                                "rayclusters", rc_name)
             except ApiException as e:
                 if e.status == 404:
-                    self.last_errors = [f"RayCluster {self.config.namespace}/{rc_name} not found"]
-                    return {}
+                    self.last_errors.append(f"RayCluster {self.config.namespace}/{rc_name} not found")
+                    return _GroupSync()
                 raise
             pending, changed = self._plan_groups(rc, admitted, pods)
+            synced = _GroupSync({g["groupName"]: int(g.get("replicas") or 0)
+                                 for g in (rc.get("spec") or {}).get("workerGroupSpecs") or []}, pending)
             if not changed:
-                return pending
+                return synced
             try:
                 self._call(self.custom.replace_namespaced_custom_object, *RAY, self.config.namespace,
                            "rayclusters", rc_name, rc)
-                return pending
+                return synced
             except ApiException as e:
                 if e.status != 409 or attempt == self.config.conflict_retries - 1:
                     raise
                 log.debug("RayCluster changed under us; re-reading")  # resourceVersion moved: decide again
-        return {}
+        return _GroupSync()
 
     @staticmethod
     def _plan_groups(rc: Obj, admitted: dict[str, set[str]], pods: list[Obj]) -> tuple[dict[str, bool], bool]:
