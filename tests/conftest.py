@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from rayscale_testing.waits import wait_for  # noqa: F401  (re-exported to tests)
+from rayscale_testing.waits import wait_for  # also re-exported to tests
 
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback.
 
@@ -225,4 +226,12 @@ def tiny_vllm_app(deploy_app: Callable[..., Any], serve_url: str) -> str:
     deploy_app(
         build_from_config(cfg, app_name=TINY_APP), TINY_APP, route_prefix=f"/{TINY_APP}", timeout_s=420
     )
-    return f"{serve_url}/{TINY_APP}/v1"
+    url = f"{serve_url}/{TINY_APP}/v1"
+
+    # The ingress lists a model once it has seen a replica RUNNING (it reads Serve's status about once a second).
+    def listed() -> bool:
+        r = httpx.get(f"{url}/models", timeout=10)
+        return r.status_code == 200 and len(r.json()["data"]) == 2
+
+    wait_for(listed, 60, "both models listed by the ingress")
+    return url

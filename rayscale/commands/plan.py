@@ -8,7 +8,24 @@ import sys
 from typing import Any
 
 
+class _CatalogDir(argparse.Action):
+    """--catalog DIR: DIR/models.yaml, flavors.yaml and profiles.yaml, unless a file flag names its own."""
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: Any,
+                 option: str | None = None) -> None:
+        from pathlib import Path
+
+        d = Path(value)
+        if not d.is_dir():
+            parser.error(f"--catalog {value}: not a directory (it holds models.yaml, flavors.yaml, profiles.yaml)")
+        for k in ("models", "flavors", "profiles"):
+            if getattr(ns, k, None) is None:
+                setattr(ns, k, str(d / f"{k}.yaml"))
+
+
 def add_catalog_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--catalog", metavar="DIR", action=_CatalogDir,
+                   help="a folder with models.yaml, flavors.yaml and profiles.yaml (e.g. deployments/local-emulated)")
     p.add_argument("--models", help="models YAML (default: the shipped catalog)")
     p.add_argument("--flavors", help="flavors YAML (default: the shipped catalog)")
     p.add_argument("--profiles", help="profiles YAML (default: the shipped catalog)")

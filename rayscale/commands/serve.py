@@ -55,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
 
     import ray
     from ray import serve
+
+    # No public API deploys a whole ServeDeploySchema in-process (`serve run` uses this private client too).
     from ray.serve._private import api as serve_api
     from ray.serve.config import gRPCOptions
     from ray.serve.schema import ApplicationStatus

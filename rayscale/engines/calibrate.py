@@ -31,7 +31,8 @@ from rayscale.core.catalog import Profile
 from rayscale.engines.vllm_engine import CPU_ENGINE_DEFAULTS, resolve_source
 
 if TYPE_CHECKING:
-    from vllm.v1.engine.async_llm import AsyncLLM
+    # vLLM's public name for its engine (vllm.AsyncLLMEngine is vllm.v1.engine.async_llm.AsyncLLM).
+    from vllm import AsyncLLMEngine as AsyncLLM
 
 TINY_SOURCE = "builtin:tiny-qwen2"
 # The tiny model's served context (ModelDeployment's default, deployments/local-tiny.yaml).
@@ -266,10 +267,9 @@ def tiny_engine_args(max_model_len: int = TINY_MAX_MODEL_LEN, **overrides: Any) 
 
 def start_engine(engine_args: dict[str, Any]) -> AsyncLLM:
     """An AsyncLLM in this process (its engine core runs in a child process, spawned)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+    return AsyncLLMEngine.from_engine_args(AsyncEngineArgs(**engine_args))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Ray Serve LLM's ``LLMServer`` + ``VLLMEngine`` do the serving; rayscale adds:
 - the builtin tiny model, written on the replica's node before vLLM reads it (``LocalModelCallback``);
-- per-flavor labels on vLLM's Ray metrics (``RayscaleVLLMEngine``);
+- per-flavor labels on vLLM's Ray metrics (``RayscaleVLLMEngine``; see rayscale.serve.metrics for why);
 - deployment names ``{model}--{flavor}`` and flavor resources (see rayscale.serve.app).
 """
 
@@ -17,6 +17,8 @@ from rayscale.engines.tiny_model import ensure_tiny_model
 from rayscale.extras import missing_vllm
 
 try:  # Ray Serve LLM imports vLLM: this module subclasses its engine
+    # No public API: LLMConfig.callback_config takes a class path, but ray.serve.llm exports neither the
+    # callback base class nor the engine class (LLMServer's engine_cls) subclassed here.
     from ray.llm._internal.common.callbacks.base import CallbackBase
     from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 except ImportError as e:
@@ -39,6 +41,17 @@ CPU_ENGINE_DEFAULTS: dict[str, Any] = {
     "kv_cache_memory_bytes": 64 * 2**20,
     "max_num_seqs": 64,
     "stream_interval": 8,
+}
+
+
+# Ray Serve's per-process switches for throughput (part of what RAY_SERVE_THROUGHPUT_OPTIMIZED sets
+# cluster-wide; the proxy's gRPC and direct ingress only the cluster can change), set on the replicas of
+# the serving path: requests run on the replica's own event loop instead of a second thread's, and the
+# router on that loop too, so each hop pays no thread handoffs on the engine's cores. Request logs stay
+# flushed per line (buffering them hides a request's log line until a thousand more arrive).
+SERVE_REPLICA_ENV: dict[str, str] = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
 }
 
 
@@ -69,6 +82,7 @@ class LocalModelCallback(CallbackBase):
 def _stat_logger_override(cls: type) -> Iterator[None]:
     # VLLMEngine._start_async_llm_engine imports RayPrometheusStatLogger from this module at call time;
     # swapping the attribute for that one call installs rayscale's tagged subclass without copying it.
+    # No public API: vLLM offers no hook to label its Ray stat logger's series.
     from vllm.v1.metrics import ray_wrappers
 
     original = ray_wrappers.RayPrometheusStatLogger
@@ -139,4 +153,5 @@ def build_llm_config(model: ModelDeployment, flavor: FlavorDeployment) -> LLMCon
         },
         log_engine_metrics=True,
         experimental_configs=experimental,
+        runtime_env={"env_vars": dict(SERVE_REPLICA_ENV)},
     )

@@ -129,6 +129,8 @@ def _validation_error(e: RequestValidationError) -> ApiError:
 def _known(e: BaseException) -> ApiError | None:
     """The client-facing error for exceptions with a meaning; None for a server fault."""
     from ray.exceptions import RayActorError
+
+    # No public API: ray.serve.llm.openai_api_models does not export the exception Ray LLM raises.
     from ray.llm._internal.serve.core.configs.openai_api_models import OpenAIHTTPException
     from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
@@ -216,6 +218,9 @@ async def _handle(request: Request, exc: Exception) -> Response:
 def make_app() -> FastAPI:
     """Ray Serve LLM's ingress app (``ingress.init``), with the error handling above in place of its own."""
     from fastapi.middleware.cors import CORSMiddleware
+
+    # No public API: ray.serve.llm.ingress exports the ingress class but not the middleware and metrics
+    # lifespan its own app (ingress.init) installs.
     from ray.llm._internal.serve.core.ingress.middleware import SetRequestIdMiddleware
     from ray.llm._internal.serve.observability.metrics.fast_api_metrics import (
         add_http_metrics_middleware,

@@ -5,7 +5,8 @@ selection, response handling for the emulated engine's plain-JSON responses and 
 are vLLM's (rayscale.serve.errors): typed, short, without internals or the request echoed. It counts the
 load as clients bring it (rayscale.serve.metrics.IngressMetrics): requests in flight and waiting for a first
 byte, wherever they wait on the way (Serve's routers, a replica's queue, the engine), and TTFT from arrival
-at the ingress to the first byte.
+at the ingress to the first byte. Ready means ready (rayscale.serve.readiness): a model is listed and routed
+only while a replica of it can serve; until then its requests are held (bounded) and counted as held.
 """
 
 from __future__ import annotations
@@ -19,31 +20,39 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import HTTPException, Request
-from ray.llm._internal.serve.constants import DEFAULT_LLM_ROUTER_HTTP_TIMEOUT
-from ray.llm._internal.serve.core.configs.openai_api_models import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ErrorResponse,
-    ModelCard,
-)
-from ray.llm._internal.serve.core.ingress.ingress import (
-    DEFAULT_ENDPOINTS,
-    OpenAiIngress,
-    make_fastapi_ingress,
-    router_request_timeout,
-)
-from ray.llm._internal.serve.core.ingress.utils import (
-    NON_STREAMING_RESPONSE_TYPES,
-    _openai_json_wrapper,
-    _peek_at_generator,
-)
-from ray.llm._internal.serve.utils.server_utils import replace_prefix
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from rayscale.extras import missing_vllm
 from rayscale.serve.errors import ApiError, make_app, openai_error_body
 from rayscale.serve.metrics import IngressMetrics
+from rayscale.serve.readiness import HeldMetric, HoldSettings, ReadinessGate, poll_readiness
 from rayscale.serve.weights import get_store, pick_flavor, validate_weights
+
+# Ray Serve LLM's ingress and OpenAI models import vLLM; the controller's image (no vLLM) never loads this.
+# OpenAiIngress and make_fastapi_ingress come from the public ray.serve.llm.ingress. No public API for the
+# rest: ray.serve.llm.openai_api_models exports public subclasses of the request and error models, but
+# FastAPI and the engines build the private classes, which isinstance must match; ModelCard/ModelList, the
+# endpoint map, the router timeout, the stream helpers and replace_prefix are not exported at all.
+try:
+    from ray.llm._internal.serve.constants import DEFAULT_LLM_ROUTER_HTTP_TIMEOUT
+    from ray.llm._internal.serve.core.configs.openai_api_models import (
+        ChatCompletionRequest,
+        CompletionRequest,
+        ErrorResponse,
+        ModelCard,
+        ModelList,
+    )
+    from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, router_request_timeout
+    from ray.llm._internal.serve.core.ingress.utils import (
+        NON_STREAMING_RESPONSE_TYPES,
+        _openai_json_wrapper,
+        _peek_at_generator,
+    )
+    from ray.llm._internal.serve.utils.server_utils import replace_prefix
+    from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
+except ImportError as e:
+    raise missing_vllm("the OpenAI ingress") from e
 
 # How often the ingress writes its in-flight and waiting counts to Ray's gauges (the controller's period is
 # seconds; Ray exports every metrics_report_interval_ms).
@@ -111,6 +120,7 @@ class RayscaleIngress(OpenAiIngress):
         max_model_len: dict[str, int],
         app_name: str = "default",
         weights_refresh_s: float = 1.0,
+        hold: HoldSettings | None = None,
     ) -> None:
         # The parent keeps one handle per model for its own bookkeeping; routing goes through ours.
         super().__init__({m: next(iter(h.values())) for m, h in flavor_deployments.items()}, model_cards)
@@ -130,12 +140,17 @@ class RayscaleIngress(OpenAiIngress):
         self._metrics = IngressMetrics(list(flavor_deployments))
         self._metrics.report()
         self._reporter: asyncio.Task[None] | None = None
+        self._gate = ReadinessGate(list(flavor_deployments), hold or HoldSettings())
+        self._held = HeldMetric(self._metrics.replica)
+        self._held.report(self._gate.held)
+        self._readiness: asyncio.Task[None] | None = None
 
     # --- load metrics ------------------------------------------------------------------------------
     async def _report_loop(self) -> None:
         while True:
             with contextlib.suppress(Exception):  # a failed export must not end the reporting
                 self._metrics.report()
+                self._held.report(self._gate.held)
             await asyncio.sleep(INGRESS_REPORT_INTERVAL_S)
 
     def _ensure_reporter(self) -> None:
@@ -143,8 +158,28 @@ class RayscaleIngress(OpenAiIngress):
             self._reporter = asyncio.get_running_loop().create_task(self._report_loop())
 
     async def check_health(self) -> None:
-        # Serve calls this every few seconds: the reporter starts before the first request.
+        # Serve calls this every few seconds: the reporter and the readiness poll start before the first
+        # request.
         self._ensure_reporter()
+        self._ensure_readiness()
+
+    # --- readiness (rayscale.serve.readiness) ------------------------------------------------------
+    def _ensure_readiness(self) -> None:
+        if self._readiness is None or self._readiness.done():
+            names = {m: {f: h.deployment_name for f, h in fl.items()} for m, fl in self._flavors.items()}
+            app = next(iter(next(iter(self._flavors.values())).values())).app_name
+            self._readiness = asyncio.get_running_loop().create_task(poll_readiness(self._gate, app, names))
+
+    async def _await_readiness(self) -> None:
+        """Serve's replica states read at least once (bounded): a fresh ingress lists nothing before."""
+        self._ensure_readiness()
+        await self._gate.wait_known(5 * self._gate.settings.poll_s)
+
+    async def models(self) -> ModelList:
+        """Only models that a replica can serve now (a model starting or at zero is not listed)."""
+        await self._await_readiness()
+        listed = await super().models()
+        return ModelList(data=[card for card in listed.data if self._gate.is_ready(card.id)])
 
     # --- weights ---------------------------------------------------------------------------------
     async def _refresh_loop(self) -> None:
@@ -193,13 +228,16 @@ class RayscaleIngress(OpenAiIngress):
         card = await self.model(replace_prefix(model))
         if card is None:
             raise ApiError(404, f"The model `{model}` does not exist.", param="model")
+        await self._await_readiness()
+        if not self._gate.is_ready(card.id):
+            raise self._gate.not_ready(card.id, "it is starting or scaled to zero")
         return card
 
     def _get_configured_serve_handle(self, model_id: str) -> DeploymentHandle:
         self._ensure_refresher()
         if model_id not in self._flavors:
             raise ApiError(404, f"The model `{model_id}` does not exist.", param="model")
-        flavor = pick_flavor(self._weights[model_id], self._rng)
+        flavor = pick_flavor(self._gate.ready_weights(model_id, self._weights[model_id]), self._rng)
         self.routed[model_id][flavor] += 1
         key = (model_id, flavor)
         if key not in self._streaming:
@@ -221,6 +259,9 @@ class RayscaleIngress(OpenAiIngress):
         req = _Tracked(self._metrics, model_id)
         streaming = False
         try:
+            # Held (in flight, waiting: the controller's demand) until a replica can serve, or 503.
+            self._ensure_readiness()
+            await self._gate.wait_ready(model_id)
             async with router_request_timeout(DEFAULT_LLM_ROUTER_HTTP_TIMEOUT):
                 gen = self._get_response(body=body, call_method=call_method, raw_request=raw_request)
                 first, gen = await _peek_at_generator(gen)

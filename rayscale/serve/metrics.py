@@ -3,8 +3,10 @@
 vLLM's own ``RayPrometheusStatLogger`` (what Ray Serve LLM installs with ``log_engine_metrics``)
 labels series with ``model_name``, ``engine`` and ``ReplicaId`` only. The controller needs the flavor
 too, so both engines here add ``model``, ``flavor`` and ``deployment`` tags, read from the Serve
-replica context (deployment name ``{model}--{flavor}``). Ray exports them on each node's metrics
-port as ``ray_vllm_<name>`` (``:`` is not allowed in Ray metric names).
+replica context (deployment name ``{model}--{flavor}``). vLLM's stat logger takes no extra labels,
+so rayscale subclasses it (``rayscale_stat_logger_cls``); joining vLLM's ReplicaId with Serve's
+replica gauge instead did not yield labelled series in the live test. Ray exports them on each node's
+metrics port as ``ray_vllm_<name>`` (``:`` is not allowed in Ray metric names).
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
+def engine_identity(deployment: str) -> dict[str, str]:
+    """model, flavor and deployment tags of a Serve deployment (flavor "" for one that is not a rayscale
+    flavor or gang-slot deployment, such as Ray Serve LLM's own ``LLMServer:...``)."""
+    from rayscale.serve.config import parse_deployment_name
+
+    parsed = parse_deployment_name(deployment)
+    model, flavor = (parsed[0], parsed[1]) if parsed else (deployment, "")
+    return {"model": model, "flavor": flavor, "deployment": deployment}
+
+
 def serve_identity() -> dict[str, str]:
     """model, flavor, deployment and replica id of the Serve replica this runs in ("" outside Serve)."""
     ident = {"model": "", "flavor": "", "deployment": "", "ReplicaId": ""}
@@ -78,19 +90,12 @@ def serve_identity() -> dict[str, str]:
         ctx = serve.get_replica_context()
     except Exception:
         return ident
-    dep = ctx.deployment
-    model, sep, flavor = dep.rpartition("--")
-    ident.update(
-        deployment=dep,
-        model=model if sep else dep,
-        flavor=flavor if sep else "",
-        ReplicaId=ctx.replica_id.unique_id,
-    )
-    return ident
+    return {**engine_identity(ctx.deployment), "ReplicaId": ctx.replica_id.unique_id}
 
 
 def rayscale_stat_logger_cls() -> type:
     """vLLM's RayPrometheusStatLogger with rayscale's extra tags on every series (imports vllm)."""
+    # No public API: vLLM's stat logger takes no extra labels and its Ray wrappers live in vllm.v1 only.
     from vllm.v1.metrics import ray_wrappers as rw
 
     ident = serve_identity()

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rayscale_testing.waits import wait_for
 
 from rayscale.serve.config import (
     ConfigError,
@@ -20,11 +21,13 @@ from rayscale.serve.config import (
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = ["mistral-7b.yaml", "qwen2-7b.yaml"]
-SHIPPED = sorted(p.name for p in (ROOT / "deployments").glob("*.yaml"))
+LOCAL_CONFIGS = ["local-tiny.yaml", "local-emulated/serve.yaml"]
+SHIPPED = sorted(str(p.relative_to(ROOT / "deployments")) for p in (ROOT / "deployments").rglob("*.yaml")
+                 if p.parent.name != "k8s" and p.name not in ("models.yaml", "flavors.yaml", "profiles.yaml"))
 
 
 def test_the_list_above_is_every_shipped_config() -> None:
-    assert set(SHIPPED) == {"local-tiny.yaml", *GPU_CONFIGS}
+    assert set(SHIPPED) == {*LOCAL_CONFIGS, *GPU_CONFIGS}
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -40,7 +43,7 @@ def test_ray_serve_itself_accepts_every_shipped_config_and_lets_rayscale_scale_i
     assert all(a.args["app_name"] == a.name for a in ours)  # the weight store's key on both sides
 
 
-@pytest.mark.parametrize("name", ["local-tiny.yaml", *GPU_CONFIGS])
+@pytest.mark.parametrize("name", [*LOCAL_CONFIGS, *GPU_CONFIGS])
 def test_config_validates_with_serve_schema_and_rayscale(name: str) -> None:
     from ray.serve.schema import ServeDeploySchema
 
@@ -295,7 +298,8 @@ def test_a_config_with_llm_configs_serves_openai_requests(deploy_app: Any, serve
         deployments = serve.status().applications[name].deployments
         assert deployment_name("tiny-qwen2", "cpu") in deployments  # the name the controller scales
         c = openai.OpenAI(base_url=f"{serve_url}/{name}/v1", api_key="unused", max_retries=0, timeout=120)
-        assert [m.id for m in c.models.list().data] == ["tiny-qwen2"]
+        # listed once the ingress has seen the replica RUNNING (it reads Serve's status about once a second)
+        wait_for(lambda: [m.id for m in c.models.list().data] == ["tiny-qwen2"], 30, "the model to be listed")
         r = c.completions.create(model="tiny-qwen2", prompt="hello", max_tokens=8, extra_body={"ignore_eos": True})
         assert r.usage is not None and r.usage.completion_tokens == 8
     finally:
