@@ -390,3 +390,21 @@ def test_a_ready_gang_whose_worker_pod_restarts_gets_a_fresh_timeout_not_deleted
     (g4,) = w.until(ready(g.name), what="gang ready again on KubeRay's new pod")
     assert g4.since_s is not None and g4.since_s >= g2.since_s
     assert w.claims(g.name)[0]["metadata"]["annotations"][ann].startswith("ready@")
+
+
+def test_a_spot_notice_fails_the_gang_and_orders_its_replacement_while_the_node_still_runs(world: World) -> None:
+    """karpenter-provider-aws pkg/controllers/interruption/controller.go: on a spot interruption warning Karpenter
+    deletes the NodeClaim at once; its termination finalizer holds the node until it is drained (here: the
+    two-minute notice). The deleting claim is the notice: the gang fails and the step orders its replacement
+    in the same period, while the interrupted node still runs."""
+    w = world
+    w.karpenter.config.termination_delay = 120.0
+    (g,) = up(w)
+    victim = w.claims(g.name)[1]
+    node = victim["status"]["nodeName"]
+    w.api.store.delete("nodeclaims", victim["metadata"]["name"])
+    gangs = w.until(lambda gs: gs[0].phase == GangPhase.FAILED, ticks=5, what="gang failed at the notice")
+    assert victim["metadata"]["name"] in gangs[0].reason
+    kinds = [type(a).__name__ for a in act(w, {BIG: 1}, gangs)]
+    assert kinds == ["DeleteGang", "BackOff", "CreateGang"]
+    assert w.api.store.get("nodes", node) is not None  # the replacement is on order before the node goes
