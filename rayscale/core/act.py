@@ -171,19 +171,16 @@ def decide(
         want = sum(target.get(k, 0) for k in keys)
         ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
         desired[mf] = (min(want, ready * slots.get(mf, 1)), want, ready)
+    # Flavors per model that Serve should run more replicas of than serve now (starting, or not placed yet).
+    short: dict[str, set[str]] = defaultdict(set)
+    for (m, f), (n, _, _) in desired.items():
+        if n > serving.get((m, f), 0):
+            short[m].add(f)
     for mf, (n, want, ready) in desired.items():
-        actions += _set_replicas(mf, n, want, ready, serve_target.get(mf, 0), slots.get(mf, 1),
-                                 _coming_up(mf, desired, serving, pending_models))
+        coming_up = mf[0] in pending_models or bool(short[mf[0]] - {mf[1]})
+        actions += _set_replicas(mf, n, want, ready, serve_target.get(mf, 0), slots.get(mf, 1), coming_up)
         actions += _release(mf, flavors_of.get(mf, []), by_key, target, gangs_wanted, serve_running.get(mf, 0) <= n)
     return actions
-
-
-def _coming_up(mf: tuple[str, str], desired: dict[tuple[str, str], tuple[int, int, int]],
-               serving: dict[tuple[str, str], int], pending_models: set[str]) -> bool:
-    """Whether the model's capacity elsewhere is still coming up: gangs pending, or replicas of another flavor
-    that Serve should run but does not yet (a gang is ready minutes before its replica has loaded the model)."""
-    return mf[0] in pending_models or any(
-        m == mf[0] and f != mf[1] and n > serving.get((m, f), 0) for (m, f), (n, _, _) in desired.items())
 
 
 def _set_replicas(mf: tuple[str, str], desired: int, want: int, ready: int, cur: int, slots: int,
@@ -191,7 +188,10 @@ def _set_replicas(mf: tuple[str, str], desired: int, want: int, ready: int, cur:
     if desired > cur:
         held = f"{ready} gang(s) ready" + (f" ({ready * slots} slots)" if slots > 1 else "")
         return [SetReplicas(*mf, desired, f"{held} for {want} planned")]
-    if desired < cur and not coming_up:  # make before break: keep serving until the replacement serves
+    # Make before break: while the model's capacity elsewhere is still coming up (gangs pending, or replicas
+    # of another flavor placed but not serving: a gang is ready minutes before its replica loaded the model),
+    # keep serving here.
+    if desired < cur and not coming_up:
         return [SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}")]
     return []
 
