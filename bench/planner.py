@@ -40,7 +40,10 @@ from rayscale.core.step import ServeView, StepContext, StepState, step
 from rayscale.tables import format_table
 
 
-def synthetic(n_models: int, n_flavors: int = 20, seed: int = 0) -> tuple[Catalog, dict[str, ModelSignals]]:
+def synthetic(n_models: int, n_flavors: int = 20, seed: int = 0, rate_scale: float = 1.0,
+              device_limit: int = 400) -> tuple[Catalog, dict[str, ModelSignals]]:
+    """``rate_scale`` x the demand and ``device_limit`` devices a flavor: 3 and 1,200 make 1,000 models
+    converge to ~10,000 nodes."""
     rnd = random.Random(seed)
     flavors, profiles, models, signals = {}, {}, {}, {}
     for i in range(n_flavors):
@@ -58,7 +61,7 @@ def synthetic(n_models: int, n_flavors: int = 20, seed: int = 0) -> tuple[Catalo
             ],
             capacity_types=[CapacityType.ON_DEMAND, CapacityType.SPOT] if spot else [CapacityType.ON_DEMAND],
             spot_max_share=0.5 if spot else 0.0,
-            limits=FlavorLimits(devices=400),
+            limits=FlavorLimits(devices=device_limit),
         )
         for m in range(n_models):
             profiles[profile_key(f"m{m}", f"f{i}")] = Profile(
@@ -72,7 +75,7 @@ def synthetic(n_models: int, n_flavors: int = 20, seed: int = 0) -> tuple[Catalo
                                     priority=rnd.randint(0, 5), max_replicas=64)
         mix = RequestMix(rnd.uniform(200, 2000), rnd.uniform(50, 400), 0)
         mix = RequestMix(mix.prompt_mean, mix.output_mean, mix.prompt_mean * 3)
-        signals[f"m{m}"] = ModelSignals(f"m{m}", Freshness.FRESH, 1.0, rnd.uniform(0.5, 40.0), mix)
+        signals[f"m{m}"] = ModelSignals(f"m{m}", Freshness.FRESH, 1.0, rate_scale * rnd.uniform(0.5, 40.0), mix)
     prof = {k: v for k, v in profiles.items() if k.split("/")[0] in models}
     return Catalog(models=models, flavors=flavors, profiles=prof), signals
 
@@ -142,10 +145,12 @@ def main() -> None:
     print(table)
     step_rows = []
     for n in [int(x) for x in args.sizes.split(",") if int(x) >= 100]:
-        cat, sig = synthetic(n)
-        first, later, nodes = time_step(cat, sig, 3)
-        step_rows.append([n, 20, nodes, round(first, 1), round(later, 1)])
-    step_table = format_table(["models", "flavors", "nodes in view", "first step ms", "later steps ms"], step_rows)
+        for scale, limit in [(1.0, 400)] + ([(3.0, 1200)] if n >= 1000 else []):
+            cat, sig = synthetic(n, rate_scale=scale, device_limit=limit)
+            first, later, nodes = time_step(cat, sig, 3)
+            step_rows.append([n, 20, f"{scale:g}x", limit, nodes, round(first, 1), round(later, 1)])
+    step_table = format_table(["models", "flavors", "demand", "devices/flavor", "nodes in view", "first step ms",
+                               "later steps ms"], step_rows)
     print(step_table)
     if args.out:
         with open(args.out, "w") as f:

@@ -203,6 +203,9 @@ def _drop_failed(catalog: Catalog, gangs: list[Gang], backoffs: set[tuple[str, s
     actions: list[Action] = []
     live: list[Gang] = []
     for g in sorted(gangs, key=lambda g: g.name):
+        if g.phase != GangPhase.PENDING and g.phase != GangPhase.FAILED:
+            live.append(g)
+            continue
         timeout = settings.launch_timeout_factor * catalog.flavors[g.flavor].node_startup_s \
             if g.flavor in catalog.flavors else 0.0
         pending_s = now - g.phase_since_s

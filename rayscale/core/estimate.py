@@ -147,6 +147,38 @@ _PROFILE_COLUMNS = itemgetter("prefill_tokens_per_s", "overhead_s", "itl_alpha_s
 _KV_COLUMNS = itemgetter("kv_tokens", "max_num_seqs")
 
 
+@dataclass
+class _ColumnCache:
+    """The last large batch's profile columns. Profiles are frozen and ``profiles`` keeps them alive, so equal
+    ids mean the same profiles: a control loop asks for the same catalog's every period."""
+
+    profiles: Sequence[Profile] = ()
+    ids: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    columns: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 9)))
+
+
+_COLUMNS = _ColumnCache()
+_CACHED_FROM = 256  # rows: smaller batches (one model's, a subset's) are cheap and would only evict the big one
+
+
+def _profile_columns(profiles: Sequence[Profile]) -> npt.NDArray[np.float64]:
+    """Per profile: the six _PROFILE_COLUMNS, its prefill chunk, kv_tokens and max_num_seqs (one row each)."""
+    ids = np.fromiter(map(id, profiles), dtype=np.int64, count=len(profiles))
+    if len(profiles) >= _CACHED_FROM and np.array_equal(ids, _COLUMNS.ids):
+        return _COLUMNS.columns
+    # Straight from the models' field dicts: attribute access on 14,000 pydantic profiles is most of the time.
+    fields = list(map(vars, profiles))
+    cols = np.empty((len(profiles), 9))
+    cols[:, :6] = np.array(list(map(_PROFILE_COLUMNS, fields)), dtype=float).reshape(-1, 6)
+    # The chunk the replicas run: pinned by rayscale.core.chunk.pin_chunks, else vLLM's default.
+    cols[:, 6] = [f["max_num_batched_tokens"] or CHUNK_TOKENS for f in fields]
+    cols[:, 7:] = np.array(list(map(_KV_COLUMNS, fields)), dtype=float).reshape(-1, 2)
+    if len(profiles) >= _CACHED_FROM:
+        cols.flags.writeable = False  # shared by later calls: nothing may change it in place
+        _COLUMNS.profiles, _COLUMNS.ids, _COLUMNS.columns = tuple(profiles), ids, cols
+    return cols
+
+
 def _shared(items: Sequence[Any], f: Callable[[Any], Any]) -> tuple[list[Any], npt.NDArray[np.intp]]:
     """``f`` of each distinct object in ``items`` (by identity) and, per item, the index of its value: a
     model's rows share its mix and SLO, so each is worked out once."""
@@ -161,11 +193,7 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
     correction taken as 1 (what the profile alone says)."""
     lengths, by_mix = _shared(mixes, lambda m: (*mix_quantiles(m), max(m.output_mean, 1.0)))
     targets, by_slo = _shared(slos, lambda s: (s.ttft_p95_s, s.tpot_p95_s))
-    # Straight from the models' field dicts: attribute access on 14,000 pydantic profiles is most of the time.
-    fields = list(map(vars, profiles))
-    r, over, alpha, beta, seq, quad = np.array(list(map(_PROFILE_COLUMNS, fields)), dtype=float).reshape(-1, 6).T
-    # The chunk the replicas run: pinned by rayscale.core.chunk.pin_chunks, else vLLM's default.
-    chunk = np.array([f["max_num_batched_tokens"] or CHUNK_TOKENS for f in fields], dtype=float)
+    r, over, alpha, beta, seq, quad, chunk = _profile_columns(profiles)[:, :7].T
     ttft, tpot = np.array(targets, dtype=float).reshape(-1, 2)[by_slo].T
     factors, by_corr = _shared(corrs, lambda c: (1.0, 1.0) if uncorrected else (c.ttft, c.tpot))
     c_ttft, c_tpot = np.array(factors, dtype=float).reshape(-1, 2)[by_corr].T
@@ -199,7 +227,7 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     sizes, by_mix = _shared(mixes, lambda m: (m.prompt_p95, max(m.prompt_mean + m.output_mean, 1.0)))
     p95, request_tokens = np.array(sizes, dtype=float).reshape(-1, 2)[by_mix].T
     ttft_floor = rows.corr_ttft * (rows.overhead_s + p95 / rows.prefill_tokens_per_s + rows.quad_s * p95 * p95)
-    kv_tokens, max_num_seqs = np.array(list(map(_KV_COLUMNS, map(vars, profiles))), dtype=float).reshape(-1, 2).T
+    kv_tokens, max_num_seqs = _profile_columns(profiles)[:, 7:].T
     kv_fit = np.floor(kv_tokens / request_tokens)
     high = np.minimum(kv_fit, max_num_seqs)
     floor_ok = (ttft_floor <= rows.ttft_slo) & (kv_fit >= 1)
@@ -275,7 +303,7 @@ def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mix
     # whose idle replica misses (nearly) everything is searched for the largest stable load.
     limit = np.where(idle + allowed < 2.0 - 1e-6, idle + allowed, 2.0 - 1e-9)
     request_tokens = np.array([max(m.prompt_mean + m.output_mean, 1.0) for m in mixes], dtype=float)
-    kv_tokens, max_num_seqs = np.array(list(map(_KV_COLUMNS, map(vars, profiles))), dtype=float).reshape(-1, 2).T
+    kv_tokens, max_num_seqs = _profile_columns(profiles)[:, 7:].T
     kv_fit = np.floor(kv_tokens / request_tokens)
     batch = largest_load(rows, np.minimum(kv_fit, max_num_seqs), limit)
     batch = np.where(kv_fit >= 1, batch, 0.0)
@@ -459,15 +487,12 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         sig = signals.get(name)
         mix = mixes[name]
         caps = caps_of[name]
-        startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
-                       for f in catalog.models[name].parallelism), default=0.0)
-        drain_s = max(settings.backlog_drain_s, startup)
         if sig is not None and not sig.usable and sig.backlog > 0:
             # Engines' metrics missing or stale while requests wait or run (the ingress sees them): a new
             # replica not yet reporting, a scrape lost under load. That is load, never zero and never a hold:
             # every visible request counts as backlog, on top of what the ingress saw arrive.
             arrived = sig.arrival_rate_rps or 0.0
-            rps = (arrived + sig.backlog / drain_s) * (1.0 + settings.headroom)
+            rps = (arrived + sig.backlog / _drain_s(catalog, name, settings)) * (1.0 + settings.headroom)
             out[name] = Demand(name, DemandState.OK, rps, mix, caps,
                                f"signals {sig.freshness.value}, {sig.backlog:.0f} requests in flight at the ingress"
                                f" ({arrived:.2f} req/s arriving): sized as backlog",
@@ -485,7 +510,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
             burst = _burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
                                 1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
-        backlog = (sig.waiting or 0.0) / drain_s
+        backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"
         if rate > sig.arrival_rate_rps + 1e-9:
@@ -495,6 +520,14 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         out[name] = Demand(name, DemandState.OK, rps, mix, caps, why, burst, best_effort.get(name, ""),
                            fallback.get(name, {}))
     return out
+
+
+def _drain_s(catalog: Catalog, name: str, settings: EstimateSettings) -> float:
+    """How long a backlog may take to drain: never less than the fastest start-up of a replica that could
+    help (asked only where there is a backlog: a 1,000-model step would spend 20 ms on it)."""
+    startup = min((catalog.flavors[f].node_startup_s + catalog.profile(name, f).startup_s
+                   for f in catalog.models[name].parallelism), default=0.0)
+    return max(settings.backlog_drain_s, startup)
 
 
 # A p95 of fewer requests than this is mostly noise: one slow request would move capacity by half.

@@ -353,10 +353,14 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
     """The model's offerings, bounded by ``mode``; the replicas a gang holds per flavor it got."""
     spec = b.catalog.models[name]
     slots: dict[str, int] = {}
+    # A kept model offers only what it runs: most models in a large steady fleet, so skip the others early.
+    running = {f for (_, f, _), n in cur.items() if n > 0} if mode == Mode.KEEP else None
     for fname in sorted(spec.parallelism):
         got = _cached_shape(b.catalog, b.shapes, fname, spec.parallelism[fname])
         if isinstance(got, str):
             b.notes.append(f"{name} on {fname}: {got}")
+            continue
+        if running is not None and fname not in running:
             continue
         shape, prices, devices = got
         b.gangs[(name, fname)] = shape
