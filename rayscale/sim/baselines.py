@@ -14,10 +14,16 @@ reported is one more replay of the configuration found (deterministic: it repeat
   cheapest flavor per request (per-replica capacity at the SLO *measured* on the simulated engine,
   rayscale.sim.capacity): minute m needs ceil(headroom x rate_m / capacity) replicas. Each replica is
   ordered through the normal cloud (provision delay, node boot, image pull and model load, capacity errors)
-  one start-up lead time ahead of the minute it is needed (the 95th percentile of each start-up draw),
+  one start-up lead time ahead of the minute it is needed (the 95th percentile of each start-up draw, and
+  the control period in which the act step places replicas on a gang that came up),
   and held one minute after it (the queue a burst leaves). Billed from launch like every other policy. The
   headroom multiplier is bisected over replays: the lowest that reaches the goal. This is the bound a
   controller without foresight is measured against.
+
+Both act as rayscale acts (rayscale.sim.fleet_act): their replica targets go through the product's act step,
+so replicas pack onto nodes (eight TP=1 replicas on one p5.48xlarge), and a fleet is priced as it packs:
+n replicas of a (flavor, capacity type) cost ceil(n / slots) whole gangs (``fleet_usd_per_h``); a flavor's
+price per replica, where the searches rank flavors, is its share of a packed node.
 
 With spot allowed by the catalog, a fleet of n replicas of a flavor puts floor(spot_max_share x n) of them on
 spot; ``on_demand_only`` is the catalog view without spot.
@@ -36,13 +42,13 @@ from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import EstimateSettings, estimate
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.signals import Freshness, ModelSignals
-from rayscale.sim.policies import OraclePolicy, Policy, _apply, limit_replicas, replica_usd_per_h
+from rayscale.sim.fleet_act import Fleet, FleetActor, fleet_usd_per_h, share_usd_per_h
+from rayscale.sim.policies import OraclePolicy, Policy, limit_replicas
 
 if TYPE_CHECKING:
     from rayscale.sim.simulator import SimResult, Simulation
 
 OD, SPOT = CapacityType.ON_DEMAND.value, CapacityType.SPOT.value
-Fleet = dict[tuple[str, str], int]  # replicas per (flavor, capacity type)
 
 
 def on_demand_only(catalog: Catalog) -> Catalog:
@@ -61,10 +67,6 @@ def split(catalog: Catalog, flavor: str, n: int) -> Fleet:
     """n replicas of a flavor: as many on spot as its spot_max_share allows, the rest on-demand."""
     spot = math.floor(spot_share(catalog, flavor) * n + 1e-9)
     return {k: v for k, v in (((flavor, OD), n - spot), ((flavor, SPOT), spot)) if v > 0}
-
-
-def fleet_usd_per_h(catalog: Catalog, model: str, fleet: Fleet) -> float:
-    return sum(n * replica_usd_per_h(catalog, model, f, CapacityType(ct)) for (f, ct), n in fleet.items())
 
 
 def describe(fleet: Fleet) -> str:
@@ -100,21 +102,22 @@ def guessed_capacity(sim: Simulation) -> dict[str, float]:
 
 
 class FleetPolicy(Policy):
-    """A fixed fleet, live at t=0; replicas the cloud takes away (spot) are replaced, nothing else changes."""
+    """A fixed fleet, live at t=0 and packed as the act step packs it; replicas the cloud takes away (spot,
+    capacity errors) are replaced by the act step, nothing else changes."""
 
     name = "fleet"
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = dict(fleet)
+        self.actor: FleetActor | None = None
 
     def warm_start(self, sim: Simulation) -> None:
-        for (f, ct), n in sorted(self.fleet.items()):
-            for _ in range(n):
-                sim.cluster.place_warm(f, ct, 0.0)
+        self.actor = FleetActor(sim)
+        self.actor.warm(self.fleet)
 
     def control(self, now: float, sim: Simulation) -> None:
-        if any(sim.cluster.count(f, ct) != n for (f, ct), n in self.fleet.items()):
-            _apply(sim, self.fleet, now)
+        assert self.actor is not None
+        self.actor.act(self.fleet, now)
 
 
 class StaticBestPolicy(FleetPolicy):
@@ -161,7 +164,7 @@ class StaticBestPolicy(FleetPolicy):
         return n
 
     def _flavor(self, sim: Simulation, f: str, guess: float) -> None:
-        limit = limit_replicas(sim.catalog, sim.model, f)
+        limit = limit_replicas(sim.catalog, sim.model, f, packed=True)
 
         def make(n: int) -> Fleet:
             return split(sim.catalog, f, n)
@@ -184,15 +187,15 @@ class StaticBestPolicy(FleetPolicy):
         self._take(self._run(sim, make(n)), make(n))
 
     def _mixes(self, sim: Simulation, order: list[str]) -> None:
-        """Swap k replicas of the best single flavor for the fewest of a cheaper-per-replica one."""
+        """Swap k replicas of the best single flavor for the fewest of a cheaper-per-replica one (per replica:
+        its share of a packed node)."""
         assert self.best is not None
         (f1,) = {f for f, _ in self.fleet}
         n1 = sum(self.fleet.values())
-        p1 = replica_usd_per_h(sim.catalog, sim.model, f1, CapacityType.ON_DEMAND)
-        others = [g for g in order if g != f1
-                  and replica_usd_per_h(sim.catalog, sim.model, g, CapacityType.ON_DEMAND) < p1]
+        p1 = share_usd_per_h(sim.catalog, sim.model, f1, OD)
+        others = [g for g in order if g != f1 and share_usd_per_h(sim.catalog, sim.model, g, OD) < p1]
         for g in others[: self.mix_flavors]:
-            limit = limit_replicas(sim.catalog, sim.model, g)
+            limit = limit_replicas(sim.catalog, sim.model, g, packed=True)
             for k in range(1, n1):
                 base = split(sim.catalog, f1, n1 - k)
 
@@ -210,8 +213,7 @@ class StaticBestPolicy(FleetPolicy):
         self.goal = sim.cfg.oracle_capacity.attainment
         guess = guessed_capacity(sim)
         order = sorted(sim.flavors, key=lambda f: (
-            replica_usd_per_h(sim.catalog, sim.model, f, CapacityType.ON_DEMAND) / guess[f]
-            if guess.get(f, 0) > 0 else math.inf, f))
+            share_usd_per_h(sim.catalog, sim.model, f, OD) / guess[f] if guess.get(f, 0) > 0 else math.inf, f))
         for f in order:
             self._flavor(sim, f, guess.get(f, 0.0))
         if self.best is not None and self.mix_flavors > 0:
@@ -247,7 +249,8 @@ def lognormal_quantile(mean: float, sigma: float, z: float) -> float:
 
 
 class PlanPolicy(Policy):
-    """A per-minute replica plan of one flavor, ordered ``lead_s`` ahead and held ``hold_s`` after."""
+    """A per-minute replica plan of one flavor, ordered ``lead_s`` ahead and held ``hold_s`` after, acting
+    through the act step (rayscale.sim.fleet_act)."""
 
     name = "plan"
 
@@ -256,6 +259,7 @@ class PlanPolicy(Policy):
         self.flavor, self.needs, self.lead_s, self.hold_s, self.bucket_s = flavor, needs, lead_s, hold_s, bucket_s
         self.orders: list[tuple[float, int]] = []  # (time, replicas asked for) at every change
         self.period_s = 0.0
+        self.actor: FleetActor | None = None
 
     def target(self, now: float) -> int:
         """Replicas asked for at ``now``: the most any minute within [now - hold, now + lead + one control
@@ -269,17 +273,15 @@ class PlanPolicy(Policy):
         self.period_s = sim.cfg.control_period_s
         n = self.target(0.0)
         self.orders.append((0.0, n))
-        for (f, ct), k in sorted(split(sim.catalog, self.flavor, n).items()):
-            for _ in range(k):
-                sim.cluster.place_warm(f, ct, 0.0)
+        self.actor = FleetActor(sim)
+        self.actor.warm(split(sim.catalog, self.flavor, n))
 
     def control(self, now: float, sim: Simulation) -> None:
         n = self.target(now)
         if n != self.orders[-1][1]:
             self.orders.append((now, n))
-        fleet = split(sim.catalog, self.flavor, n)
-        for ct in (OD, SPOT):
-            sim.cluster.set_target(self.flavor, ct, fleet.get((self.flavor, ct), 0), now)
+        assert self.actor is not None
+        self.actor.act(split(sim.catalog, self.flavor, n), now)
 
 
 class ClairvoyantPolicy(Policy):
@@ -306,20 +308,24 @@ class ClairvoyantPolicy(Policy):
 
     def lead_time(self, sim: Simulation, flavor: str) -> float:
         cloud = sim.cfg.cloud
-        return (self.actuator.provision_delay_s
+        # The act step places Serve replicas on a gang at its first period after the gang is up: one more period.
+        return (self.actuator.provision_delay_s + sim.cfg.control_period_s
                 + lognormal_quantile(sim.catalog.flavors[flavor].node_startup_s, cloud.node_startup_sigma,
                                      self.lead_z)
                 + lognormal_quantile(sim.catalog.profile(sim.model, flavor).startup_s, cloud.replica_startup_sigma,
                                      self.lead_z))
 
     def _cheapest(self, sim: Simulation) -> tuple[str, float]:
-        """(flavor, measured req/s per replica) with the lowest $ per req/s at the split the plan buys."""
+        """(flavor, measured req/s per replica) with the lowest $ per req/s at the split the plan buys, a
+        replica priced as its share of the node it packs into."""
         bound = OraclePolicy(settings=sim.cfg.settings)
         bound.measure(sim)
         best: tuple[float, str, float] | None = None
         for f, c in bound.capacity.items():
             if c.rps > 0:
-                per = fleet_usd_per_h(sim.catalog, sim.model, split(sim.catalog, f, 100)) / 100 / c.rps
+                usd = sum(k * share_usd_per_h(sim.catalog, sim.model, f, ct)
+                          for (_, ct), k in split(sim.catalog, f, 100).items())
+                per = usd / 100 / c.rps
                 if best is None or per < best[0]:
                     best = (per, f, c.rps)
         if best is None:  # no flavor meets the SLO even nearly idle: size by the estimator, say so in extra

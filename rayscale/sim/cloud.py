@@ -10,8 +10,10 @@ actuator then backs that zone off and retries the gang in another zone (rayscale
 Spot nodes get interrupted as a Poisson process with a 2-minute notice: the replica drains at the notice
 and whatever it still runs fails when the node goes away.
 
-The policies' own path (``set_target``) runs one replica per gang. Named gangs (the provider interface's,
-rayscale.sim.provider) host up to their shape's ``slots`` Serve replicas (eight TP=1 on a p5.48xlarge). New
+Two ways in. The stock policy's (``set_target``, ``place_warm``) runs one replica per gang: Ray's autoscaler
+asks for a worker pod per replica and Karpenter launches the cheapest instance that fits it. Every other
+policy acts through the provider interface (rayscale.sim.provider; the baselines via rayscale.sim.fleet_act):
+named gangs host up to their shape's ``slots`` Serve replicas (eight TP=1 on a p5.48xlarge). New
 replicas fill gangs that already serve first (Serve's pack strategy, RAY_SERVE_USE_PACK_SCHEDULING_STRATEGY;
 its default spreads, which act's gang count bounds the same way), and a scale-down stops what Serve stops:
 starting replicas first, then those on the gangs with the fewest replicas
@@ -243,20 +245,9 @@ class Cluster:
     def active(self) -> list[Gang]:
         return [g for g in self.gangs.values() if g.state not in (GangState.STOPPED, GangState.DRAINING)]
 
-    def count(self, flavor: str, ct: str, live_only: bool = False) -> int:
-        return sum(1 for g in self.active() if g.flavor == flavor and g.capacity_type == ct
-                   and (not live_only or g.state == GangState.LIVE))
-
-    def starting(self) -> int:
-        """Replicas decided but not live yet."""
-        return sum(1 for g in self.active() if g.state != GangState.LIVE)
-
-    def current(self) -> dict[tuple[str, str, str], int]:
-        out: dict[tuple[str, str, str], int] = {}
-        for g in self.active():
-            k = (self.model, g.flavor, g.capacity_type)
-            out[k] = out.get(k, 0) + 1
-        return out
+    def count(self, flavor: str, ct: str) -> int:
+        """Replicas of the one-per-gang path (stock's) decided and not stopped."""
+        return sum(1 for g in self.active() if g.flavor == flavor and g.capacity_type == ct)
 
     def live_by_flavor(self) -> dict[str, int]:
         """Live replicas per flavor: one per live gang of the policies' path, each live replica of a named gang."""
@@ -534,6 +525,7 @@ class Cluster:
         r = Replica(self._id(), g.id, GangState.STARTING, now)
         g.replicas.append(r)
         self.replicas[r.id] = r
+        instant = instant or self.act.instant  # the fluid bound's integer plan: no start-up anywhere
         delay = 0.0 if instant else self._lognormal(self._replica_start_s(g), self.cloud.replica_startup_sigma)
         if delay <= 0:
             self._replica_live(r, now)

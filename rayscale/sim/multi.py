@@ -9,8 +9,9 @@ one clock. How the policies see the others:
   NodePool limits by the catalog's priorities. Its actions go through ``apply_actions`` to one provider
   (``FleetProvider``) that hands each gang to its model's simulated cloud.
 - ``stock``, ``static-best`` and ``static-peak``: each model its own fleet, configured and searched alone as an
-  operator running one deployment per model would. Nothing stops their fleets from adding up past a shared
-  limit; the result says where they did (``FlavorUse``).
+  operator running one deployment per model would (static-best and static-peak act through the same act
+  step as rayscale, per model: rayscale.sim.fleet_act). Nothing stops their fleets from adding up past a
+  shared limit; the result says where they did (``FlavorUse``).
 
 The run ends for all models together, once every model's trace has drained, so every model's cost covers
 the same span. ``clairvoyant`` and ``fluid-bound`` stay single-model (``rayscale simulate --trace``).
@@ -31,6 +32,7 @@ from rayscale.core.chunk import pin_chunks
 from rayscale.core.settings import Settings
 from rayscale.core.signals import ModelSignals
 from rayscale.core.step import ServeView, StepContext, StepState, step
+from rayscale.sim.fleet_act import start_warm
 from rayscale.sim.policies import Policy, StockConfig, make_policy
 from rayscale.sim.provider import SimProvider
 from rayscale.sim.simulator import SimConfig, SimResult, Simulation
@@ -189,13 +191,9 @@ class FleetController:
             return
         self._last = 0.0
         result = self._step(0.0, {m: s.initial_signals() for m, s in self.sims.items()})
-        for a in result.actions:
-            if isinstance(a, CreateGang):
-                self.sims[a.model].cluster.create_named(a.name, a.flavor, a.capacity_type, a.zone, 0.0, warm=True)
-        for m, f in sorted({(a.model, a.flavor) for a in result.actions if isinstance(a, CreateGang)}):
-            cl = self.sims[m].cluster
-            room = sum(g.shape.slots for g in cl.named() if g.flavor == f)
-            cl.set_serve_target(f, min(result.plan.replicas(m, f), room), 0.0, instant=True)
+        for m, sim in self.sims.items():
+            mine = [a for a in result.actions if isinstance(a, CreateGang) and a.model == m]
+            start_warm(sim.cluster, mine, {a.flavor: result.plan.replicas(m, a.flavor) for a in mine})
 
     def control(self, now: float) -> None:
         if now <= self._last + 1e-9:

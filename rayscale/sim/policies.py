@@ -13,8 +13,13 @@
 - ``fluid-bound`` (alias ``oracle``): perfect foresight (the next minute's true rate), instant nodes, no
   capacity errors or interruptions, sized by the per-replica capacity at the SLO *measured* on the simulated
   engine (rayscale.sim.capacity); its reported cost is the fluid integral (fractional replicas of the cheapest
-  $/req offering, spot at the flavor's spot share), with no SLO claim: its latency comes from running a
-  different (integer) plan.
+  $/req offering, each priced as its share of the node it packs into, spot at the flavor's spot share), with
+  no SLO claim: its latency comes from running a different (integer) plan.
+
+Every policy but ``stock`` acts the way the product acts: rayscale through its step's actions, the others by
+handing their replica targets to the same act step (``rayscale.core.act.decide``, rayscale.sim.fleet_act), so
+replicas pack onto nodes (eight TP=1 on a p5.48xlarge), make before break and replace lost gangs by one set
+of rules. ``stock`` models another stack, so it keeps its own path (StockPolicy says why).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rayscale.cluster.actuator import apply_actions
-from rayscale.core.act import CreateGang
+from rayscale.core.act import CreateGang, Key
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import (
     Correction,
@@ -44,6 +49,7 @@ from rayscale.core.step import StepContext, StepState, step
 from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
+from rayscale.sim.fleet_act import FleetActor, share_usd_per_h, start_warm
 from rayscale.sim.provider import SimProvider
 
 if TYPE_CHECKING:  # the simulator imports the policies it runs: for annotations only, or a cycle
@@ -113,27 +119,6 @@ class Policy:
         return {}
 
 
-def _apply(sim: Simulation, targets: dict[tuple[str, str], int], now: float) -> None:
-    """Make the cluster match per-(flavor, capacity type) targets, make-before-break like the act step:
-    scale-ups start at once and extra replicas that are not serving yet are cancelled, but live replicas
-    are only drained once nothing of this model is still starting (a flavor swap keeps the old replicas
-    serving until the new ones are live). Unlisted offerings go to zero."""
-    cl = sim.cluster
-    keys = sorted(set(targets) | {(f, ct) for (_, f, ct) in cl.current()})
-    for f, ct in keys:
-        if targets.get((f, ct), 0) >= cl.count(f, ct):
-            cl.set_target(f, ct, targets.get((f, ct), 0), now)
-    for f, ct in keys:
-        want = targets.get((f, ct), 0)
-        if want < cl.count(f, ct):
-            cl.set_target(f, ct, max(want, cl.count(f, ct, live_only=True)), now)  # cancel what is not live
-    if not cl.starting():
-        for f, ct in keys:
-            want = targets.get((f, ct), 0)
-            if want < cl.count(f, ct):
-                cl.set_target(f, ct, want, now)
-
-
 class _Planned(NamedTuple):
     targets: dict[tuple[str, str], int]  # replicas per (flavor, capacity type)
     memory: PlannerMemory
@@ -141,13 +126,12 @@ class _Planned(NamedTuple):
     demands: dict[str, Demand]  # the next period's ``previous`` (where the estimator's searches start)
 
 
-def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, sim: Simulation, now: float,
-                  memory: PlannerMemory | None, corrections: dict[tuple[str, str], Correction],
-                  forecaster: Forecaster, est: EstimateSettings, settings: PlannerSettings,
-                  unavailable: dict[tuple[str, str, str], float] | None = None,
+def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, now: float, memory: PlannerMemory | None,
+                  corrections: dict[tuple[str, str], Correction], forecaster: Forecaster, est: EstimateSettings,
+                  settings: PlannerSettings, current: dict[Key, int], unavailable: dict[tuple[str, str, str], float] | None = None,
                   previous: dict[str, Demand] | None = None) -> _Planned:
     demands = estimate(catalog, {model: signals}, corrections, forecaster, est, previous)
-    p, mem = plan(catalog, demands, sim.cluster.current(), unavailable, now, memory, settings)
+    p, mem = plan(catalog, demands, current, unavailable, now, memory, settings)
     return _Planned({(e.flavor, e.capacity_type): e.replicas for e in p.entries if e.model == model}, mem,
                     p.usd_per_h, demands)
 
@@ -172,12 +156,8 @@ class RayscalePolicy(Policy):
         result = step(ctx)
         self.state = result.state
         if warm:  # the fleet this load needs, already up and serving at t=0
-            for a in result.actions:
-                if isinstance(a, CreateGang):
-                    sim.cluster.create_named(a.name, a.flavor, a.capacity_type, a.zone, now, warm=True)
-            for f in {a.flavor for a in result.actions if isinstance(a, CreateGang)}:
-                room = sum(g.shape.slots for g in sim.cluster.named() if g.flavor == f)
-                sim.cluster.set_serve_target(f, min(result.plan.replicas(sim.model, f), room), now, instant=True)
+            flavors = {a.flavor for a in result.actions if isinstance(a, CreateGang)}
+            start_warm(sim.cluster, result.actions, {f: result.plan.replicas(sim.model, f) for f in flavors}, now)
             return
         if any(isinstance(a, CreateGang) for a in result.actions):
             sim.cluster.scale_up_events += 1
@@ -192,6 +172,8 @@ class RayscalePolicy(Policy):
 
 
 class StaticPeakPolicy(Policy):
+    """The core planner fed the trace's peak rate every period; acts through ``decide`` (rayscale.sim.fleet_act)."""
+
     name = "static-peak"
 
     def __init__(self, settings: Settings | None = None):
@@ -200,23 +182,23 @@ class StaticPeakPolicy(Policy):
         self.memory: PlannerMemory | None = None
         self.sig: ModelSignals | None = None
         self.demands: dict[str, Demand] | None = None
+        self.actor: FleetActor | None = None
 
     def warm_start(self, sim: Simulation) -> None:
         peak = sim.peak_rate()
         self.sig = ModelSignals(sim.model, Freshness.FRESH, 0.0, peak, sim.trace_mix(), waiting=0.0)
-        targets, self.memory, _, self.demands = _plan_targets(sim.catalog, sim.model, self.sig, sim, 0.0, None,
-                                                              {}, FORECASTERS["last"], self.est, self.planner)
-        for (f, ct), n in sorted(targets.items()):
-            for _ in range(n):
-                sim.cluster.place_warm(f, ct, 0.0)
+        self.actor = FleetActor(sim)
+        targets, self.memory, _, self.demands = _plan_targets(sim.catalog, sim.model, self.sig, 0.0, None, {},
+                                                              FORECASTERS["last"], self.est, self.planner, {})
+        self.actor.warm(targets)
 
     def control(self, now: float, sim: Simulation) -> None:
         # Same peak demand every period: the planner only acts to replace lost (interrupted) replicas.
-        assert self.sig is not None
+        assert self.sig is not None and self.actor is not None
         targets, self.memory, _, self.demands = _plan_targets(
-            sim.catalog, sim.model, self.sig, sim, now, self.memory, {}, FORECASTERS["last"], self.est,
-            self.planner, dict(sim.cluster.unavailable), self.demands)
-        _apply(sim, targets, now)
+            sim.catalog, sim.model, self.sig, now, self.memory, {}, FORECASTERS["last"], self.est,
+            self.planner, self.actor.current(), dict(self.actor.unavailable), self.demands)
+        self.actor.act(targets, now)
 
 
 class OraclePolicy(Policy):
@@ -272,6 +254,7 @@ class OraclePolicy(Policy):
         self._last: float | None = None
         self._rate = (0.0, 0.0)
         self._per_rps = (math.inf, 0.0)  # ($/h, devices) per request/s of the cheapest offering
+        self.actor: FleetActor | None = None
 
     def measure(self, sim: Simulation) -> None:
         """Capacity at the SLO per flavor, measured with the simulation's own Engine configuration."""
@@ -281,13 +264,15 @@ class OraclePolicy(Policy):
                      FORECASTERS["last"], replace(self.est, target_utilization=1.0))[sim.model]
         offers, price, devices = [], {}, {}
         for f in sim.flavors:
+            # A replica costs its share of the node it packs into (eight TP=1 replicas share a p5.48xlarge).
             fl = sim.catalog.flavors[f]
             shape = sim.cluster.shape(f, CapacityType.ON_DEMAND.value)
-            usd = shape.nodes * sim.catalog.price(f, shape.instance_type, CapacityType.ON_DEMAND)
+            usd = share_usd_per_h(sim.catalog, sim.model, f, CapacityType.ON_DEMAND.value)
             if CapacityType.SPOT in fl.capacity_types and fl.spot_max_share > 0:
-                spot = shape.nodes * sim.catalog.price(f, shape.instance_type, CapacityType.SPOT)
+                spot = share_usd_per_h(sim.catalog, sim.model, f, CapacityType.SPOT.value)
                 usd = (1 - fl.spot_max_share) * usd + fl.spot_max_share * spot
-            price[f], devices[f] = usd, shape.nodes * fl.instance(shape.instance_type).devices
+            price[f] = usd
+            devices[f] = shape.nodes * fl.instance(shape.instance_type).devices / shape.slots
             guess = d.capacity[f].rps if f in d.capacity and d.capacity[f].feasible else 0.0
             offers.append((sim.catalog.profile(sim.model, f), usd, guess))
         self.capacity = cheapest_capacity(offers, sim.spec.slo, sim.prompt, sim.output, sim.cfg.engine, settings,
@@ -332,20 +317,21 @@ class OraclePolicy(Policy):
                        if m.dominated else "measured: misses the SLO even nearly idle")
                 caps[f] = replace(cap, rps=0.0, reason=why)
         d = replace(d, capacity=caps)
-        p, self.memory = plan(sim.catalog, {sim.model: d}, sim.cluster.current(), None, now, self.memory,
+        assert self.actor is not None
+        p, self.memory = plan(sim.catalog, {sim.model: d}, self.actor.current(), None, now, self.memory,
                               self.planner)
         return {(e.flavor, e.capacity_type): e.replicas for e in p.entries if e.model == sim.model}
 
     def warm_start(self, sim: Simulation) -> None:
         self.measure(sim)
         self._last = 0.0
-        for (f, ct), n in sorted(self._targets(sim, 0.0).items()):
-            for _ in range(n):
-                sim.cluster.place_warm(f, ct, 0.0)
+        self.actor = FleetActor(sim)
+        self.actor.warm(self._targets(sim, 0.0))
 
     def control(self, now: float, sim: Simulation) -> None:
         self.accrue(now)
-        _apply(sim, self._targets(sim, now), now)
+        assert self.actor is not None
+        self.actor.act(self._targets(sim, now), now)
 
     def accrue(self, now: float) -> None:
         if self._last is not None and now > self._last:
@@ -383,6 +369,12 @@ class StockPolicy(Policy):
 
     Replicas run the prefill chunk rayscale picks (the same chunk rule as every policy; ``tuned_chunk=False``
     gives vLLM's default) on on-demand capacity only.
+
+    Unlike the other policies it does not act through ``rayscale.core.act.decide``: it models the stack an
+    operator runs without rayscale, where Ray's autoscaler asks for one worker pod per pending replica and
+    Karpenter launches the cheapest instance that fits that one pod (batched, idle nodes lingering and
+    reused), so each replica gets a node of its own (``Cluster.set_target``), priced whole
+    (``replica_usd_per_h``).
     """
 
     name = "stock"
@@ -512,16 +504,17 @@ def replica_usd_per_h(catalog: Catalog, model: str, flavor: str, ct: CapacityTyp
     return shape.nodes * catalog.price(flavor, shape.instance_type, ct)
 
 
-def limit_replicas(catalog: Catalog, model: str, flavor: str, cap: int = 1000) -> int:
-    """Most replicas of ``model`` the flavor's NodePool limits hold (``cap`` when unlimited)."""
+def limit_replicas(catalog: Catalog, model: str, flavor: str, cap: int = 1000, packed: bool = False) -> int:
+    """Most replicas of ``model`` the flavor's NodePool limits hold (``cap`` when unlimited): one per gang, or
+    ``packed``, as many as the gangs' slots (the act step packs replicas onto nodes)."""
     shape = gang_shape(catalog, model, flavor)
     fl = catalog.flavors[flavor]
     devices = shape.nodes * fl.instance(shape.instance_type).devices
     n = cap
     if fl.limits.devices is not None:
-        n = min(n, fl.limits.devices // max(devices, 1))
+        n = min(n, fl.limits.devices // max(devices, 1) * (shape.slots if packed else 1))
     if fl.limits.nodes is not None:
-        n = min(n, fl.limits.nodes // max(shape.nodes, 1))
+        n = min(n, fl.limits.nodes // max(shape.nodes, 1) * (shape.slots if packed else 1))
     return n
 
 

@@ -1,0 +1,112 @@
+"""Baselines act through the same act step as rayscale: replicas pack onto nodes, fleets are priced packed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rayscale.config import load_catalog
+from rayscale.core.catalog import CapacityType
+from rayscale.sim.baselines import ClairvoyantPolicy, FleetPolicy, StaticBestPolicy, _parse, on_demand_only
+from rayscale.sim.cloud import CloudConfig, Reclaim
+from rayscale.sim.fleet_act import FleetActor, fleet_usd_per_h, share_usd_per_h
+from rayscale.sim.multi import MultiConfig, simulate_models
+from rayscale.sim.policies import OraclePolicy
+from rayscale.sim.simulator import SimConfig, Simulation
+from rayscale.sim.sources import load_spec
+
+MODEL = "mistral-7b"
+OD, SPOT = CapacityType.ON_DEMAND.value, CapacityType.SPOT.value
+CAT = on_demand_only(load_catalog())
+H100 = CAT.subset([MODEL], ["h100"])  # p5.48xlarge: eight H100s, so eight TP=1 replicas a node
+NODE_USD_H = CAT.price("h100", "p5.48xlarge", CapacityType.ON_DEMAND)
+STEADY = load_spec("gen:poisson:rate=6,hours=0.25", seed=0)
+# 4 req/s with a 4-minute burst at 30 req/s: the burst needs several H100 replicas, the base one.
+BURSTY = load_spec("gen:bursty:base=4,burst=30,every_s=900,burst_s=240,hours=0.5", seed=0)
+
+
+def _run(cat, trace, policy, cfg: SimConfig | None = None):
+    sim = Simulation(cat.with_request_mix(MODEL, trace.request_mix()), trace, policy, cfg or SimConfig())
+    return sim, sim.run()
+
+
+def test_a_fleet_is_priced_as_whole_packed_nodes():
+    l4 = CAT.price("l4", "g6.xlarge", CapacityType.ON_DEMAND)
+    assert fleet_usd_per_h(CAT, MODEL, {("h100", OD): 1}) == pytest.approx(NODE_USD_H)
+    assert fleet_usd_per_h(CAT, MODEL, {("h100", OD): 8}) == pytest.approx(NODE_USD_H)
+    assert fleet_usd_per_h(CAT, MODEL, {("h100", OD): 9}) == pytest.approx(2 * NODE_USD_H)
+    assert fleet_usd_per_h(CAT, MODEL, {("h100", OD): 8, ("l4", OD): 3}) == pytest.approx(NODE_USD_H + 3 * l4)
+    assert share_usd_per_h(CAT, MODEL, "h100", OD) == pytest.approx(NODE_USD_H / 8)
+    assert share_usd_per_h(CAT, MODEL, "l4", OD) == pytest.approx(l4)
+
+
+@pytest.mark.parametrize(("replicas", "nodes"), [(8, 1), (9, 2)])
+def test_a_static_fleet_of_tp1_replicas_fills_8_gpu_nodes_before_adding_one(replicas: int, nodes: int):
+    sim, r = _run(CAT, STEADY, FleetPolicy({("h100", OD): replicas}))
+    launched = list(sim.cluster.nodes.values())
+    assert len(launched) == nodes and {n.instance_type for n in launched} == {"p5.48xlarge"}
+    assert r.timeline["replicas"]["h100"][0] == replicas  # all live from t=0, warm
+    assert r.node_hours == pytest.approx(nodes * r.sim_s / 3600)
+    assert r.cost_usd == pytest.approx(fleet_usd_per_h(CAT, MODEL, {("h100", OD): replicas}) * r.sim_s / 3600)
+    assert r.scale_up_events == 0 and r.slo_attainment >= 0.99
+
+
+def test_clairvoyant_scales_replicas_up_and_down_inside_one_node():
+    sim, r = _run(H100, BURSTY, pol := ClairvoyantPolicy())
+    assert pol.plan is not None and pol.plan.needs.max() >= 3  # one gang per replica would take 3+ nodes
+    assert r.extra["reached_goal"] and r.slo_attainment >= 0.99
+    live = r.timeline["replicas"]["h100"]
+    assert live.max() >= pol.plan.needs.max() and live.min() < live.max()  # it did follow the burst
+    assert len(sim.cluster.nodes) == 1  # the burst's replicas went onto the node's free devices
+    assert r.cost_usd == pytest.approx(NODE_USD_H * r.sim_s / 3600)
+
+
+def test_static_best_prices_its_fleets_packed_and_is_billed_that_price():
+    sim, r = _run(H100, BURSTY, pol := StaticBestPolicy())
+    assert pol.best is not None and r.extra["reached_goal"]
+    ((flavor, ct), n), = pol.fleet.items()
+    assert (flavor, ct) == ("h100", OD) and n >= 2  # the burst needs more than one replica
+    for label, t in pol.trials.items():  # every fleet the search weighed, priced as it packs
+        assert t.usd_per_h == pytest.approx(fleet_usd_per_h(H100, MODEL, _parse(label))), label
+    assert pol.best.usd_per_h == pytest.approx(NODE_USD_H * -(-n // 8))
+    assert r.cost_usd == pytest.approx(pol.best.usd_per_h * r.sim_s / 3600)  # what it pays is what it priced
+    assert len(sim.cluster.nodes) == -(-n // 8)
+
+
+def test_a_lost_spot_gang_is_replaced_by_the_act_step():
+    # Both spot nodes of the fleet get their notice at once; decide deletes the failed gangs, backs their zones
+    # off and orders new gangs elsewhere, which come up and serve again.
+    cloud = CloudConfig(spot_capacity_error_rate=0.0, spot_interruptions_per_node_h=0.0,
+                        reclaims=(Reclaim(at_s=120.0, flavor="l4"),))
+    cat = load_catalog()
+    sim, r = _run(cat, STEADY, FleetPolicy({("l4", SPOT): 2, ("l4", OD): 2}), SimConfig(cloud=cloud))
+    assert r.spot_interruptions == 2
+    spot = [n for n in sim.cluster.nodes.values() if n.capacity_type == SPOT]
+    assert len(spot) == 4 and sum(n.t_launch > 120.0 for n in spot) == 2
+    assert r.scale_up_events == 1
+    assert r.timeline["replicas"]["l4"][-1] == 4  # whole again
+
+
+def test_instant_nodes_serve_in_the_period_they_are_ordered():
+    # The fluid bound's integer plan has instant nodes: its gangs and replicas are up in the same period.
+    sim = Simulation(CAT, STEADY, OraclePolicy(), SimConfig())
+    FleetActor(sim).act({("l4", OD): 3}, 30.0)
+    assert sim.cluster.live_by_flavor() == {"l4": 3}
+    # A baseline with real start-up only ordered them.
+    sim2 = Simulation(CAT, STEADY, FleetPolicy({}), SimConfig())
+    FleetActor(sim2).act({("l4", OD): 3}, 30.0)
+    assert sim2.cluster.live_by_flavor() == {} and len(sim2.cluster.named()) == 3
+
+
+def test_multi_model_static_best_packs_each_models_fleet():
+    traces = {m: load_spec(f"gen:poisson:rate={x},hours=0.1", seed=i + 1)
+              for i, (m, x) in enumerate({"mistral-7b": 12.0, "qwen2-7b": 12.0}.items())}
+    cat = CAT.subset(list(traces), ["h100"])
+    res = simulate_models(cat, traces, "static-best", MultiConfig(SimConfig(seed=1)))
+    for m, r in res.per_model.items():
+        n = int(r.extra["fleet"].rsplit(":", 1)[1])
+        assert n >= 2 and r.slo_attainment >= 0.99, m
+        assert r.node_hours == pytest.approx(r.sim_s / 3600), m  # one node for all its replicas
+    (use,) = res.usage
+    assert use.peak_nodes == 2 and use.peak_devices == 16
+    assert np.isclose(res.cost_usd, 2 * NODE_USD_H * next(iter(res.per_model.values())).sim_s / 3600)
