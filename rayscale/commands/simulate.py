@@ -59,6 +59,9 @@ def register(sub: Any) -> None:
                    help="serve the first S seconds but score neither their requests nor their cost; 'draw': "
                         "steady state without hindsight (warm up on another draw of the same traffic, then score the "
                         "--seed draw); 'pass' with --repeat N >= 2: warm up on the scored arrivals themselves")
+    p.add_argument("--same-start", action="store_true",
+                   help="from cold, every policy starts from the same fleet (what the shipped step orders for the "
+                        "first signal window), then moves it where it wants")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
     p.add_argument("--request-mix", metavar="trace|PROMPT,OUTPUT[,PROMPT_P95]",
@@ -125,7 +128,8 @@ def run_single(args: argparse.Namespace) -> int:
         engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
-        cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup)
+        cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup,
+                        same_start=args.same_start)
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -61,11 +61,28 @@ def start_warm(cluster: Cluster, actions: Sequence[Action], replicas: Mapping[st
         cluster.set_serve_target(f, min(replicas.get(f, 0), room), now, instant=True)
 
 
+def first_fleet(sim: Simulation) -> Fleet:
+    """The fleet the shipped step orders for the trace's first signal window (SimConfig.same_start), as
+    replicas per (flavor, capacity type) on on-demand capacity: what every policy starts from cold."""
+    from rayscale.core.settings import Settings
+    from rayscale.core.step import ServeView, StepContext, StepState, step
+
+    result = step(StepContext(0.0, sim.catalog, {sim.model: sim.initial_signals()}, (), ServeView({}, {}),
+                              Settings(), StepState()))
+    fleet: Fleet = {}
+    for e in result.plan.entries:
+        if e.model == sim.model and e.replicas > 0:
+            key = (e.flavor, CapacityType.ON_DEMAND.value)
+            fleet[key] = fleet.get(key, 0) + e.replicas
+    return fleet
+
+
 class FleetActor:
     """One simulation's baseline acting through ``decide`` and the simulated cloud's provider."""
 
     def __init__(self, sim: Simulation) -> None:
-        self.catalog, self.model, self.cluster = sim.catalog, sim.model, sim.cluster
+        self.sim, self.catalog, self.model, self.cluster = sim, sim.catalog, sim.model, sim.cluster
+        self.same_start = sim.cfg.same_start
         self.settings = sim.cfg.settings.act
         self.provider = SimProvider(sim.cluster, sim.model)
         self.unavailable: dict[ZoneKey, float] = {}  # zones backed off after a failed gang, until when
@@ -93,7 +110,10 @@ class FleetActor:
         return actions
 
     def warm(self, targets: Mapping[tuple[str, str], int], now: float = 0.0) -> None:
-        """The fleet for ``targets``, up and serving at ``now`` (as RayscalePolicy's warm start)."""
+        """The fleet for ``targets``, up and serving at ``now`` (as RayscalePolicy's warm start); with
+        SimConfig.same_start, the shared first fleet instead."""
+        if self.same_start:
+            targets = first_fleet(self.sim)
         replicas: dict[str, int] = {}
         for (f, _), n in targets.items():
             replicas[f] = replicas.get(f, 0) + n

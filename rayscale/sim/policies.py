@@ -49,7 +49,7 @@ from rayscale.core.step import StepContext, StepState, step
 from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
-from rayscale.sim.fleet_act import FleetActor, share_usd_per_h, start_warm
+from rayscale.sim.fleet_act import FleetActor, first_fleet, share_usd_per_h, start_warm
 from rayscale.sim.provider import SimProvider
 
 if TYPE_CHECKING:  # the simulator imports the policies it runs: for annotations only, or a cycle
@@ -165,6 +165,9 @@ class RayscalePolicy(Policy):
 
     def warm_start(self, sim: Simulation) -> None:
         self.provider = SimProvider(sim.cluster, sim.model)
+        if sim.cfg.same_start:
+            FleetActor(sim).warm({})
+            return
         self._step(0.0, sim, sim.initial_signals(), warm=True)
 
     def control(self, now: float, sim: Simulation) -> None:
@@ -392,6 +395,7 @@ class StockPolicy(Policy):
         self.peak_target = 0
         self.state: dict[str, Any] = {}
         self._ray: Any = None
+        self.others: list[tuple[str, str]] = []  # the shared start fleet's other (flavor, capacity type)s
 
     @property
     def flavor(self) -> str:
@@ -453,8 +457,13 @@ class StockPolicy(Policy):
         latency = prof.ttft_s(mix.prompt_mean) + max(mix.output_mean - 1, 0) * prof.itl_s(2)
         n = math.ceil(rate * latency / conf.target_ongoing_requests)
         self.target = self.peak_target = min(max(n, conf.min_replicas), conf.max_replicas)
-        for _ in range(self.target):
-            sim.cluster.place_warm(self.flavor, CapacityType.ON_DEMAND.value, 0.0)
+        start = first_fleet(sim) if sim.cfg.same_start else {(self.flavor, CapacityType.ON_DEMAND.value): self.target}
+        for (f, ct), k in sorted(start.items()):
+            for _ in range(k):
+                sim.cluster.place_warm(f, ct, 0.0)
+        self.others = sorted(set(start) - {(self.flavor, CapacityType.ON_DEMAND.value)})
+        if sim.cfg.same_start:  # Serve's autoscaler starts from the replicas the shared fleet runs of its flavor
+            self.target = start.get((self.flavor, CapacityType.ON_DEMAND.value), 0)
 
     def decide(self, now: float, ongoing: float, running_replicas: int) -> int:
         """Ray Serve's default policy as `_apply_autoscaling_config` wraps it, on the simulated clock."""
@@ -487,6 +496,11 @@ class StockPolicy(Policy):
         self.target = self.decide(now, ongoing, sim.cluster.live_count())
         self.peak_target = max(self.peak_target, self.target)
         sim.cluster.set_target(self.flavor, CapacityType.ON_DEMAND.value, self.target, now)
+        if self.others and sim.cluster.live_by_flavor().get(self.flavor, 0) >= 1:
+            # A shared start fleet on other flavors: the operator retires it once this deployment serves.
+            for f, ct in self.others:
+                sim.cluster.set_target(f, ct, 0, now)
+            self.others = []
 
     def extra(self) -> dict[str, Any]:
         s = self.setup

@@ -45,6 +45,10 @@ class SimConfig:
     # How the oracle measures per-replica capacity at the SLO (rayscale.sim.capacity).
     oracle_capacity: CapacitySettings = field(default_factory=CapacitySettings)
     cloud: CloudConfig = field(default_factory=CloudConfig)
+    # From cold, every policy starts from the same fleet: the one the shipped step orders for the first
+    # signal window (rayscale.sim.fleet_act.first_fleet), live at t=0 on on-demand capacity; each policy then
+    # moves it where it wants from its first period on. False: each policy starts from its own fleet.
+    same_start: bool = False
 
     def __post_init__(self) -> None:
         if not self.timeline_bucket_s > 0:
@@ -118,6 +122,8 @@ class Simulation:
         self.rng = np.random.default_rng(cfg.seed)
         flavors = policy.flavors(catalog, cfg.model)
         max_kv = max(catalog.profile(cfg.model, f).kv_tokens for f in flavors)
+        if cfg.same_start:  # the shared start fleet may run where this policy would not
+            flavors = sorted(set(flavors) | set(self.spec.parallelism))
         # A prompt that leaves no room in the model's context is rejected as vLLM rejects it (400, never
         # queued, counted apart from SLO misses); an output that would overrun it stops at the limit.
         limit = self.spec.max_model_len

@@ -110,3 +110,27 @@ def test_multi_model_static_best_packs_each_models_fleet():
     (use,) = res.usage
     assert use.peak_nodes == 2 and use.peak_devices == 16
     assert np.isclose(res.cost_usd, 2 * NODE_USD_H * next(iter(res.per_model.values())).sim_s / 3600)
+
+
+def test_from_the_same_start_every_policy_begins_with_the_first_fleet_then_moves_it():
+    """SimConfig.same_start: whatever a policy would start with, t=0 runs the shared first fleet (what the
+    shipped step orders for the first window); a fixed fleet elsewhere then replaces it, making before breaking."""
+    from rayscale.sim.fleet_act import first_fleet
+    from rayscale.sim.policies import RayscalePolicy, StockConfig, StockPolicy
+
+    cat = CAT.subset([MODEL]).with_request_mix(MODEL, STEADY.request_mix())
+    cfg = SimConfig(same_start=True)
+    first = first_fleet(Simulation(cat, STEADY, RayscalePolicy(), cfg))
+    assert first and all(ct == OD for _, ct in first)
+    ((start_flavor, _), _n), = first.items()
+    other = next(f for f in sorted(cat.flavors) if f != start_flavor and f in cat.models[MODEL].parallelism)
+    stock = StockPolicy(StockConfig(flavor=other))  # on another flavor: it retires the start fleet too
+    runs = {}
+    for policy in (RayscalePolicy(), stock, FleetPolicy({(other, OD): 4}), ClairvoyantPolicy()):
+        r = runs[policy.name] = Simulation(cat, STEADY, policy, cfg).run()
+        at_start = {f: int(v[0]) for f, v in r.timeline["replicas"].items() if v[0] > 0}
+        assert at_start == {f: n for (f, _), n in first.items()}, policy.name
+    fixed = Simulation(cat, STEADY, FleetPolicy({(other, OD): 4}), cfg).run()
+    assert fixed.timeline["replicas"][other][-1] == 4 and fixed.timeline["replicas"][start_flavor][-1] == 0
+    assert min(fixed.timeline["replicas"][other] + fixed.timeline["replicas"][start_flavor]) >= 1  # never empty
+    assert runs["stock"].timeline["replicas"][start_flavor][-1] == 0  # retired once stock's own served
