@@ -21,7 +21,7 @@ from rayscale.serve.config import (
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_CONFIGS = ["mistral-7b.yaml", "qwen2-7b.yaml"]
-LOCAL_CONFIGS = ["local-tiny.yaml", "local-emulated/serve.yaml"]
+LOCAL_CONFIGS = ["local-tiny.yaml", "local-emulated/serve.yaml", "local-zero/serve.yaml"]
 SHIPPED = sorted(str(p.relative_to(ROOT / "deployments")) for p in (ROOT / "deployments").rglob("*.yaml")
                  if p.parent.name != "k8s" and p.name not in ("models.yaml", "flavors.yaml", "profiles.yaml"))
 
