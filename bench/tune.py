@@ -1,0 +1,154 @@
+"""Choosing the shipped settings on the dev split only, by a stated rule.
+
+    .venv/bin/python -m bench.tune [--seeds 0,1,2] [--jobs 2] [--out bench/results/tune.md]
+
+Each variant is the shipped settings (rayscale/data/settings.yaml) with one or two knobs changed. Every
+variant runs the product (``rayscale``, no request mix declared) on the dev traffic of bench.eval_split only
+(the held-out cases are never run here), per seed in steady state (warmed up on another draw) and from cold.
+
+Rule: among the variants whose steady-state mean SLO attainment is >= 99% on every dev trace and whose
+from-cold mean is no more than one point below the shipped settings' on any dev trace, ship the one with the
+lowest steady-state cost summed over the dev traces (mean over seeds), if that is at least 1% below the
+shipped settings' (else the shipped ones stay). The held-out split then reports it (bench.eval_split).
+From cold here means each variant starts from the fleet it orders for the first 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.common import machine, span
+from bench.eval_split import CASES, MODEL
+from rayscale.config import load_catalog
+from rayscale.core.settings import Settings
+from rayscale.sim.baselines import on_demand_only
+from rayscale.sim.simulator import SimConfig, simulate
+from rayscale.sim.sources import load_spec, with_warmup_draw
+from rayscale.tables import format_table
+
+SHIPPED = "shipped"
+TIE = 0.01  # a variant must be this much cheaper than the shipped settings to replace them
+
+
+def variants() -> dict[str, Settings]:
+    s = Settings()
+    est, pl = s.estimate, s.planner
+    return {
+        SHIPPED: s,
+        "utilization 0.9": replace(s, estimate=replace(est, target_utilization=0.9)),
+        "no burst floor": replace(s, estimate=replace(est, burst_floor=False)),
+        "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
+        "last value": replace(s, forecaster="last"),
+        "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
+    }
+
+
+def one(variant: str, case: int, seed: int, steady: bool) -> dict[str, Any]:
+    _, _, spec, ts, rs = CASES[case]
+    cat = on_demand_only(load_catalog().subset([MODEL]))
+    if steady:
+        trace, warm = with_warmup_draw(spec, seed, ts, rs)
+    else:
+        trace, warm = load_spec(spec, seed, ts, rs, resample=True), 0.0
+    t0 = time.perf_counter()
+    r = simulate(cat, trace, "rayscale", SimConfig(model=MODEL, seed=seed, warmup_s=warm,
+                                                  settings=variants()[variant]))
+    print(f"  {variant} / {CASES[case][1]} seed={seed} {'steady' if steady else 'cold'}: "
+          f"{100 * r.slo_attainment:.2f}% ${r.cost_usd:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return {"variant": variant, "case": case, "seed": seed, "steady": steady, "slo": r.slo_attainment,
+            "usd": r.cost_usd}
+
+
+def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str, str]]:
+    """The rule of the module docstring; per variant, why it was not chosen."""
+    def mean(v: str, c: int, steady: bool, key: str) -> float:
+        return statistics.mean(r[key] for r in rows if (r["variant"], r["case"], r["steady"]) == (v, c, steady))
+    why: dict[str, str] = {}
+    ok = []
+    for v in sorted({r["variant"] for r in rows}):
+        low = [CASES[c][1] for c in cases if mean(v, c, True, "slo") < 0.99]
+        cold = [CASES[c][1] for c in cases if mean(v, c, False, "slo") < mean(SHIPPED, c, False, "slo") - 0.01]
+        if low:
+            why[v] = "steady SLO < 99% on " + ", ".join(low)
+        elif cold:
+            why[v] = "from cold > 1 pt below shipped on " + ", ".join(cold)
+        else:
+            ok.append((sum(mean(v, c, True, "usd") for c in cases), v))
+    shipped = next((cost for cost, v in ok if v == SHIPPED), None)
+    best = min(ok)[1] if ok else SHIPPED
+    if shipped is not None and min(ok)[0] > (1 - TIE) * shipped:
+        best = SHIPPED  # no variant is clearly cheaper: keep what ships
+    for cost, v in ok:
+        why[v] = "chosen" if v == best else (f"steady ${cost:.2f}, within {TIE:.0%} of shipped" if shipped is not None
+                                             and cost > (1 - TIE) * shipped else f"steady ${cost:.2f}")
+    return best, why
+
+
+def table(rows: list[dict[str, Any]], cases: list[int], why: dict[str, str]) -> str:
+    out = []
+    for v in variants():
+        for c in cases:
+            for steady in (True, False):
+                sel = [r for r in rows if (r["variant"], r["case"], r["steady"]) == (v, c, steady)]
+                if sel:
+                    out.append([v, CASES[c][1], "steady" if steady else "cold", span([r["slo"] for r in sel], True),
+                                span([r["usd"] for r in sel], False), why.get(v, "") if c == cases[0] and steady
+                                else ""])
+    return format_table(["variant", "traffic", "start", "SLO min/mean/max", "$ min/mean/max", "verdict"], out)
+
+
+_LINE = re.compile(r"^  (?P<v>.+) / (?P<label>.+) seed=(?P<seed>\d+) (?P<mode>steady|cold): (?P<slo>[\d.]+)% "
+                   r"\$(?P<usd>[\d.]+)")
+
+
+def rows_from_log(text: str) -> list[dict[str, Any]]:
+    """The rows a run printed (its progress lines): to re-apply the rule without re-running."""
+    case_of = {label: i for i, (_, label, *_rest) in enumerate(CASES)}
+    return [{"variant": m["v"], "case": case_of[m["label"]], "seed": int(m["seed"]), "steady": m["mode"] == "steady",
+             "slo": float(m["slo"]) / 100, "usd": float(m["usd"])}
+            for m in map(_LINE.match, text.splitlines()) if m]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--out", default="bench/results/tune.md")
+    ap.add_argument("--from-log", help="re-apply the rule to a run's printed progress lines instead of running")
+    args = ap.parse_args()
+    seeds = [int(x) for x in args.seeds.split(",")]
+    names = [v for v in variants() if not args.variants or v in args.variants.split(",") or v == SHIPPED]
+    cases = [i for i, c in enumerate(CASES) if c[0] == "dev"]
+    jobs = [(v, c, s, st) for v in names for c in cases for s in seeds for st in (True, False)]
+    print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
+    t0 = time.perf_counter()
+    if args.from_log:
+        rows = rows_from_log(Path(args.from_log).read_text())
+    else:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(one, *zip(*jobs, strict=True)))
+    how = (f"rule applied to the rows printed in {args.from_log}" if args.from_log
+           else f"{time.perf_counter() - t0:.0f} s on {args.jobs} processes")
+    best, why = choose(rows, cases)
+    verdict = "" if why.get(best) == "chosen" else (
+        " No variant meets the rule on every dev trace, the shipped settings included (" + why.get(best, "") +
+        "): they stay, and the shortfall is reported as such.")
+    text = (f"# Tuning the shipped settings on the dev split\n\n{machine()}; `python -m bench.tune --seeds "
+            f"{args.seeds}` ({how}); model {MODEL}, shipped "
+            "catalog, on-demand only.\n\n" + __doc__.split("\n\n", 2)[2] + f"\n**Chosen: {best}.**{verdict}\n\n```\n"
+            + table(rows, cases, why) + "\n```\n")
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
