@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         address = args.ray_address or f"{urlparse(dashboard).hostname}:6379"
         actuator = KubeActuator(cat, client.ApiClient(),
                                 KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
-                                                   rayservice=args.rayservice))
+                                                   rayservice=args.rayservice,
+                                                   twin_backoff_s=settings.act.backoff_s))
         from rayscale.cluster.kube.lease import LeaderElection
 
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"

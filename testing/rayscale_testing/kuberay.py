@@ -6,6 +6,10 @@ Modelled on ray-project/kuberay ``ray-operator/controllers/ray/raycluster_contro
   ``{cluster}-{group}-worker-`` (``utils.PodName``: prefix clipped to 50 characters, lower-cased) and the
   labels ``ray.io/cluster``, ``ray.io/group``, ``ray.io/node-type``, ``ray.io/is-ray-node``, an
   ownerReference to the RayCluster (so deleting the cluster garbage-collects them);
+- a group's ``labels`` (its Ray node labels) are put on its pods over the template's
+  (``common/pod.go``: ``mergeLabels`` then ``labelPod``, which never lets them override
+  ``ray.io/cluster``, ``ray.io/group`` or ``ray.io/node-type``); ``ray start`` gets them as ``--labels``
+  (``updateRayStartParamsLabels``, which ``rayscale_testing.raypods`` follows);
 - the desired count is ``replicas`` clamped to [minReplicas, maxReplicas] times ``numOfHosts``
   (``GetWorkerGroupDesiredReplicas``), 0 when ``suspend``;
 - every pod named in ``scaleStrategy.workersToDelete`` is deleted on every pass, whatever
@@ -146,6 +150,7 @@ class KubeRayStandIn(StandIn):
         tmeta = template.get("metadata") or {}
         labels = {
             **(tmeta.get("labels") or {}),
+            **(group.get("labels") or {}),  # mergeLabels: the group's Ray node labels win over the template's
             L_CLUSTER: meta["name"],
             L_GROUP: gname,
             L_NODE_TYPE: node_type,

@@ -8,7 +8,9 @@ removes it when the pod is deleted, as a kubelet runs and stops the pod's ``ray 
 - the node declares what KubeRay's generated ``ray start`` for the pod would (``ray_start_params``,
   after KubeRay's ``generateRayStartCommand``): the worker group's ``rayStartParams`` (``num-gpus``,
   ``resources`` with the flavor's ``accelerator_type:*``), ``num-cpus`` and ``num-gpus`` from the
-  container's limits when the params do not say, Neuron cores and TPUs from the limits;
+  container's limits when the params do not say, Neuron cores and TPUs from the limits; its Ray node
+  labels are the group's ``labels`` (``ray_node_labels``, after ``updateRayStartParamsLabels`` in
+  ``common/pod.go``: ``--labels k=v,...``);
 - the pod gets its own IP, a loopback address (``127.0.0.3``, ``.4``, ... any 127/8 address is this
   machine): the Ray node runs on that address, so ``status.podIP`` is what Ray (and Serve's replica
   details) report as the node's IP, as on Kubernetes, where a Ray node is its pod's IP;
@@ -93,6 +95,14 @@ def ray_start_params(group: Mapping[str, Any], container: Mapping[str, Any]) -> 
             resources.setdefault(CUSTOM_ACCELERATORS[key], amount)
             custom = True
     return {"num-cpus": cpus, "num-gpus": gpus, "resources": resources}
+
+
+def ray_node_labels(group: Mapping[str, Any]) -> dict[str, str]:
+    """The Ray node labels of the ``ray start`` KubeRay generates for a worker of ``group``: its
+    ``labels`` (``updateRayStartParamsLabels`` in ray-project/kuberay ``ray-operator/controllers/ray/
+    common/pod.go`` writes them as ``--labels``; ``rayStartParams.labels`` itself is refused by
+    ``validateRayGroupLabels``)."""
+    return {str(k): str(v) for k, v in (group.get("labels") or {}).items()}
 
 
 @dataclass
@@ -251,7 +261,7 @@ class RayPodKubelet(StandIn):
             num_cpus=params["num-cpus"],
             num_gpus=params["num-gpus"],
             resources=params["resources"],
-            labels={LABEL_POD: pod["metadata"]["name"], LABEL_WORKER_GROUP: group_name},
+            labels={**ray_node_labels(group), LABEL_POD: pod["metadata"]["name"], LABEL_WORKER_GROUP: group_name},
         )
 
     def _run_node(self, run: PodRun, pod: Obj) -> None:

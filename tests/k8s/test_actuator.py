@@ -16,7 +16,9 @@ from rayscale.core.catalog import Catalog
 from .kubeworld import NS, RC, World, make_world, rendered
 
 BIG = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2 on A10G: two g5.12xlarge per gang
-GROUP = "a10g-g5-12xlarge"
+# A gang of BIG spans nodes: it runs in the worker group of its gang slot (rayscale.cluster.kube.slots).
+GROUP = "a10g-g5-12xlarge-qwen2-72b-slot0"  # the first gang's
+GROUP1 = "a10g-g5-12xlarge-qwen2-72b-slot1"  # a second gang's
 
 
 @pytest.fixture
@@ -153,12 +155,14 @@ def test_scale_down_names_exactly_the_gangs_pods_and_deletes_claims_only_after_t
     keep, drop = sorted(gangs, key=lambda g: g.name)
     drop_pods = sorted(p["metadata"]["name"] for p in w.workers() if p["spec"]["nodeName"] in drop.node_ids)
     keep_pods = sorted(p["metadata"]["name"] for p in w.workers() if p["spec"]["nodeName"] in keep.node_ids)
-    assert len(drop_pods) == len(keep_pods) == 2 and w.group(GROUP)["replicas"] == 4
+    assert (keep.slot, drop.slot) == (0, 1)  # each gang in its own slot's worker group
+    assert len(drop_pods) == len(keep_pods) == 2 and w.group(GROUP)["replicas"] == w.group(GROUP1)["replicas"] == 2
     assert w.act is not None
     w.act.delete_gang(drop.name)  # the controller calls it after Serve drained the gang
     w.act.gangs(w.clock.now())
-    g = w.group(GROUP)
-    assert g["replicas"] == 2 and sorted(g["scaleStrategy"]["workersToDelete"]) == drop_pods
+    g = w.group(GROUP1)
+    assert g["replicas"] == 0 and sorted(g["scaleStrategy"]["workersToDelete"]) == drop_pods
+    assert w.group(GROUP)["replicas"] == 2 and not (w.group(GROUP).get("scaleStrategy") or {}).get("workersToDelete")
     assert all(not c["metadata"].get("deletionTimestamp") for c in w.claims(drop.name))  # pods still there
     assert w.api.requests_for("delete", "nodeclaims") == []
     for n in (x for x in drop.node_ids if not x.startswith("ip:")):
@@ -167,7 +171,7 @@ def test_scale_down_names_exactly_the_gangs_pods_and_deletes_claims_only_after_t
     n_updates = len(w.api.requests_for("update", "rayclusters"))
     gangs = w.act.gangs(w.clock.now())
     assert [x.name for x in gangs] == [keep.name]
-    assert w.group(GROUP)["scaleStrategy"]["workersToDelete"] == []
+    assert w.group(GROUP1)["scaleStrategy"]["workersToDelete"] == []
     # Order: the write that clears workersToDelete comes before the first NodeClaim delete.
     log = w.api.requests
     clear_at = max(i for i, r in enumerate(log) if r.verb == "update" and r.resource.startswith("rayclusters"))
@@ -277,7 +281,8 @@ def test_kill_and_restart_at_every_step_leaves_no_duplicate_and_no_orphan(world:
     # Crash between the two creates: the process died right after the first POST.
     (create,) = decide(w.catalog, {BIG: 1}, [], {}, {}, {}, w.clock.now())
     assert isinstance(create, CreateGang) and w.act is not None
-    w.api.store.create("nodeclaims", w.act.nodeclaim(create, 0, w.clock.now()))
+    # as create_gang writes it: with the gang's slot, which the members made after the restart copy
+    w.api.store.create("nodeclaims", w.act.nodeclaim(create, 0, w.clock.now(), extra={"rayscale.io/gang-slot": "0"}))
     assert [c["metadata"]["name"] for c in w.claims()] == ["qwen2-72b-a10g-od-0-0"]
     phases = []
     # Every step from here on runs in a fresh actuator (a restarted controller) that re-plans with decide().
@@ -288,8 +293,10 @@ def test_kill_and_restart_at_every_step_leaves_no_duplicate_and_no_orphan(world:
         act(w, {BIG: 1}, gangs)
         if gangs and gangs[0].phase == GangPhase.READY:
             break
-    assert gangs[0].phase == GangPhase.READY and len(gangs) == 1, phases
+    assert gangs[0].phase == GangPhase.READY and len(gangs) == 1 and gangs[0].slot == 0, phases
     assert created_claims(w) == 1  # only the missing member was created after the restart
+    assert {c["metadata"]["labels"]["rayscale.io/gang-slot"] for c in w.claims()} == {"0"}
+    assert w.group(GROUP)["replicas"] == 2
     # Down, with a crash after only one claim got its deleting mark.
     w.api.faults.inject("patch", "nodeclaims", 503, times=5, name="qwen2-72b-a10g-od-0-1")
     w.actuator()

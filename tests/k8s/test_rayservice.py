@@ -452,3 +452,80 @@ def test_serve_targets_written_into_serve_config_v2_pass_rays_own_schema_at_zero
     counts = {d.name: d.num_replicas if "num_replicas" in d.model_fields_set else None for d in app.deployments}
     assert counts == {"qwen2-7b--a10g": None, "qwen2-7b--l4": 3}
     assert with_serve_targets(out, {APP: {DEP: 0, "qwen2-7b--a10g": 0, "qwen2-7b--l4": 3}}) is None
+
+
+# --- twins: back-off and gang slots ------------------------------------------------------------------
+
+
+def twin_claims(w: World) -> list[dict[str, Any]]:
+    return [c for c in w.claims() if "rayscale.io/twin-of" in c["metadata"]["labels"]]
+
+
+def upgrade(w: World) -> None:
+    """A rayClusterConfig change outside the replicas: KubeRay prepares a new (pending) cluster."""
+    edit_rayservice(w, lambda spec: spec["rayClusterConfig"]["headGroupSpec"]["rayStartParams"].update(
+        {"num-cpus": "1"}))
+
+
+def test_a_failed_twin_is_made_again_only_after_the_back_off(
+    served: tuple[World, RayServiceStandIn, ServeModel]
+) -> None:
+    """Twins for the pending cluster that fail (no capacity in their zone: Karpenter deletes their claims,
+    launch.go) are released and made again only ``twin_backoff_s`` later, as decide() backs off a failed
+    gang's zone (ActSettings.backoff_s); meanwhile the active cluster serves its full target and KubeRay
+    waits. Once the back-off is over and capacity is back, the twins come up and traffic moves."""
+    w, rsc, serve = served
+    w.config = replace(w.config, twin_backoff_s=120.0)
+    w.actuator()
+    first, gangs = deploy_served(w, rsc, serve)
+    old = {g.name for g in gangs}
+    for g in gangs:
+        w.karpenter.set_capacity_error("g5.xlarge", zone=g.zone)
+    base = created_claims(w)
+    upgrade(w)
+    until(w, rsc, lambda gs: created_claims(w) >= base + 2 and not twin_claims(w), what="twins made, failed, gone")
+    assert {why for _, why in w.karpenter.deleted} == {"insufficient_capacity"}
+    failed_at, made = w.clock.now(), created_claims(w)
+    while w.clock.now() < failed_at + 100:
+        gangs = tick(w, rsc)
+        assert created_claims(w) == made, "a failed twin was made again within its back-off"
+        assert active(w) == first and pending(w) and serve.running(first, APP, DEP) == 2
+        assert {g.name for g in gangs} == old and all(g.phase == GangPhase.READY for g in gangs)
+    assert w.act is not None and any("backed off until" in e for e in w.act.last_errors), w.act.last_errors
+    for g in gangs:
+        w.karpenter.set_capacity_error("g5.xlarge", zone=g.zone, on=False)
+    until(w, rsc, lambda gs: active(w) != first, what="cut over once the twins serve", ticks=80)
+    assert created_claims(w) == made + 2  # each twin made once more, after its back-off
+    made_again = [c for c in twin_claims(w) if c["metadata"]["labels"].get("rayscale.io/raycluster") == active(w)]
+    assert len(made_again) == 2
+    assert min(float(c["metadata"]["labels"]["rayscale.io/created-at"]) for c in made_again) >= failed_at + 100
+    assert serve.running(active(w), APP, DEP) == 2
+
+
+def test_a_slot_gangs_twin_keeps_its_slot_on_the_pending_cluster(
+    served: tuple[World, RayServiceStandIn, ServeModel]
+) -> None:
+    """The twin of a gang-slot gang carries its source's slot: on the new cluster the worker group of the
+    same slot is sized to it, so the slot's Serve deployment finds its replica's nodes there too."""
+    w, rsc, serve = served
+    first, _ = deploy_served(w, rsc, serve)
+    act(w, {BIG: 1}, [])
+    gangs = until(w, rsc, lambda gs: any(g.model == BIG[0] and g.phase == GangPhase.READY for g in gs),
+                  what="the big gang ready")
+    (big,) = [g for g in gangs if g.model == BIG[0]]
+    assert big.slot == 0 and group(w, first)["replicas"] == 2
+    upgrade(w)
+    until(w, rsc, lambda gs: active(w) != first, what="cut over", ticks=80)
+    second = active(w)
+    twin = [c for c in twin_claims(w) if c["metadata"]["labels"]["rayscale.io/twin-of"] == big.name]
+    assert len(twin) == 2 and all(c["metadata"]["labels"]["rayscale.io/gang-slot"] == "0" for c in twin)
+    assert {c["metadata"]["labels"]["rayscale.io/raycluster"] for c in twin} == {second}
+    name = twin[0]["metadata"]["labels"]["rayscale.io/gang"]
+    gangs = until(w, rsc, lambda gs: any(g.name == name and g.phase == GangPhase.READY for g in gs),
+                  what="the twin ready as the controller's gang")
+    assert [g.slot for g in gangs if g.name == name] == [0]
+    assert group(w, second)["replicas"] == 2
+    slot_pods = [p for p in workers(w, second) if p["metadata"]["labels"]["ray.io/group"] == GROUP]
+    assert sorted(p["spec"]["nodeName"] for p in slot_pods) == sorted(c["status"]["nodeName"] for c in twin)
+    rs = w.api.store.get("rayservices", RS, NS)
+    assert group_of(rs["spec"]["rayClusterConfig"], GROUP)["replicas"] == 2  # mirrored by slot group name

@@ -40,6 +40,11 @@ Karpenter, as its source says it behaves (kubernetes-sigs/karpenter), and what t
   sets on Karpenter's own), so deleting the pool takes its claims and NodePool health counts them
   (``lifecycle/liveness.go`` ``updateNodePoolRegistrationHealth``).
 
+Gang slots (``rayscale.cluster.kube.slots``): a gang of a multi-node (model, flavor) gets the lowest slot
+no other gang's claims of that pair hold, as ``rayscale.io/gang-slot`` on its claims (so on its Nodes);
+its worker group is that slot's, whose Ray node labels its Serve slot deployment selects, and
+``Gang.slot`` is read back from the claims. With every slot held the gang is refused (FAILED).
+
 Down: ``delete_gang`` (after Serve drained it) marks the claims; then the claims and Nodes lose
 ``do-not-disrupt`` and the Nodes the admission label; the worker group's replicas are lowered and
 ``scaleStrategy.workersToDelete`` names exactly the pods on the gang's Nodes, in one write (never while
@@ -55,8 +60,9 @@ pass the RayService's worker-group ``replicas`` are those of the driven cluster,
 ``sync_serve_targets`` writes Serve's replica targets into ``serveConfigV2``, so KubeRay's in-place
 rebuilds and re-submissions keep them. During an upgrade (an active and a pending cluster) every live
 gang of the active cluster gets a twin for the pending one (same model, flavor, zone, capacity type
-and instance type; ``rayscale.io/twin-of``), whose Nodes the pending cluster's worker groups are
-sized to; twins are not reported to the controller. KubeRay moves traffic once the pending cluster
+and instance type, and gang slot; ``rayscale.io/twin-of``), whose Nodes the pending cluster's worker
+groups are sized to; twins are not reported to the controller. A twin that fails is released and made
+again only ``twin_backoff_s`` later (its zone backed off, as decide() does). KubeRay moves traffic once the pending cluster
 serves every target; from then on the twins are the controller's gangs, and the old cluster's gangs
 are released once KubeRay deleted that cluster's pods. When no cluster is named, or the RayService is
 missing, the pass raises ``KubeError`` (and says why in ``last_errors``): no view, no decision.
@@ -112,12 +118,15 @@ from rayscale.cluster.kube.rayservice import (
     LABEL_RAYCLUSTER,
     LABEL_TWIN_OF,
     ServiceClusters,
+    TwinBackoff,
     mirror_replicas,
     twin_name,
     with_serve_targets,
 )
+from rayscale.cluster.kube.slots import slot_flavor, slot_group_name
 from rayscale.core.act import CreateGang, Gang, GangPhase
 from rayscale.core.catalog import Catalog
+from rayscale.serve.config import LABEL_GANG_SLOT
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -144,6 +153,9 @@ class KubeActuatorConfig:
     # Where Karpenter's Events on NodeClaims land: client-go's recorder puts Events about cluster-scoped
     # objects in the default namespace.
     events_namespace: str = "default"
+    # A twin gang for a pending cluster that failed is made again only this long after (in its
+    # (flavor, zone, capacity type)), as decide() backs off a failed gang's zone (ActSettings.backoff_s).
+    twin_backoff_s: float = 300.0
 
 
 def _cond(obj: Obj, type_: str) -> Obj | None:
@@ -164,6 +176,11 @@ def _labels(obj: Obj) -> dict[str, str]:
 
 def _annotations(obj: Obj) -> dict[str, str]:
     return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def _zone_key(labels: dict[str, str]) -> tuple[str, str, str]:
+    """(flavor, zone, capacity type) of a gang, the key decide() backs off."""
+    return (labels.get(LABEL_FLAVOR_KEY, ""), labels.get(LABEL_ZONE, ""), labels.get(LABEL_CAPACITY, "on-demand"))
 
 
 def _running(pod: Obj) -> bool:
@@ -198,8 +215,17 @@ class _View:
         return int(self.labels.get(LABEL_SIZE, "1"))
 
     @property
+    def slot(self) -> int | None:
+        """Its gang slot (rayscale.cluster.kube.slots); None for a gang of a single-node flavor."""
+        value = self.labels.get(LABEL_GANG_SLOT, "")
+        return int(value) if value.isdigit() else None
+
+    @property
     def group(self) -> str:
-        return worker_group_name(self.labels.get(LABEL_FLAVOR_KEY, ""), self.instance_type)
+        flavor = self.labels.get(LABEL_FLAVOR_KEY, "")
+        if self.slot is not None:
+            return slot_group_name(flavor, self.instance_type, self.labels.get(LABEL_MODEL, ""), self.slot)
+        return worker_group_name(flavor, self.instance_type)
 
     def node_names(self) -> set[str]:
         return {n["metadata"]["name"] for n in self.nodes.values()}
@@ -225,6 +251,10 @@ class KubeActuator:
         self._refused: dict[str, tuple[CreateGang, str]] = {}  # gang -> (action, why it was not created)
         self._events: dict[str, str] | None = None  # claim -> Karpenter's last Event on it, read once a pass
         self._clusters: ServiceClusters | None = None  # what the RayService named at the last read
+        # gang -> the labels beyond its action's that it was created with (cluster, twin, slot), so that
+        # a gang whose every claim vanished is still seen with them
+        self._extra: dict[str, dict[str, str]] = {}
+        self._twin_backoff = TwinBackoff(self.config.twin_backoff_s)
         self.last_errors: list[str] = []
 
     # --- API helpers ---------------------------------------------------------------------------------
@@ -350,17 +380,42 @@ class KubeActuator:
             return
         pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
         why = self._limit_error(action, pool) if pool is not None else ""
-        if why:
-            self._refused[action.name] = (action, why)  # reported FAILED until delete_gang
+        slot, no_slot = self._free_slot(action)
+        if why or no_slot:
+            self._refused[action.name] = (action, why or no_slot)  # reported FAILED until delete_gang
             return
         self._created[action.name] = action
         self._created_s[action.name] = now
-        extra = {LABEL_RAYCLUSTER: self._primary()} if self.config.rayservice else None
+        extra = {LABEL_RAYCLUSTER: self._primary()} if self.config.rayservice else {}
+        if slot is not None:
+            # On its claims, so on its Nodes: the slot's worker group selects them (rayscale.cluster.kube.slots).
+            extra[LABEL_GANG_SLOT] = str(slot)
+        self._extra[action.name] = extra
         self._create_members(action, now, list(range(action.nodes)), pool, extra)
+
+    def _free_slot(self, action: CreateGang) -> tuple[int | None, str]:
+        """The gang slot for a new gang of a multi-node (model, flavor): the lowest that no other gang's
+        claims hold, as LocalActuator gives them (released, twin and other clusters' gangs count: while
+        their Nodes are listed, the slot's worker group selects them). (None, '') for a flavor without
+        slots; (None, why) when every slot is held."""
+        sf = slot_flavor(self.catalog, action.model, action.flavor)
+        if sf is None:
+            return None, ""
+        held = set()
+        for c in self._list_claims(f"{OWNED},{LABEL_MODEL}={action.model},{LABEL_FLAVOR_KEY}={action.flavor}"):
+            lb = _labels(c)
+            if lb.get(LABEL_GANG) != action.name and lb.get(LABEL_GANG_SLOT, "").isdigit():
+                held.add(int(lb[LABEL_GANG_SLOT]))
+        free = [k for k in range(sf.slots) if k not in held]
+        if not free:
+            return None, (f"every gang slot of {action.model} on {action.flavor} is held ({sf.slots} worker "
+                          "groups rendered: one gang each)")
+        return free[0], ""
 
     def delete_gang(self, name: str) -> None:
         self._created.pop(name, None)
         self._refused.pop(name, None)
+        self._extra.pop(name, None)
         for c in self._list_claims(f"{OWNED},{LABEL_GANG}={name}"):
             if ANN_DELETING not in _annotations(c):
                 self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DELETING: "true"}}})
@@ -473,6 +528,7 @@ class KubeActuator:
                             self._delete_claim(c["metadata"]["name"])
                 if not v.claims and v.name in self._created:
                     self._created.pop(v.name, None)
+                    self._extra.pop(v.name, None)
                 continue  # a gang being released is no longer the controller's to count
             if role[v.name] == "own":
                 out.append(self._report(v, pods_of[rc_name], now))
@@ -481,16 +537,23 @@ class KubeActuator:
     # --- RayService: upgrades and what KubeRay rebuilds from (rayscale.cluster.kube.rayservice) -------
     def _mirror_gangs(self, own: dict[str, _View], twins: dict[str, _View], cluster: str, now: float) -> None:
         """During an upgrade: a twin on the pending ``cluster`` for every live gang of the active one; a
-        twin whose gang went, or that failed, is released (and made again once its claims are gone)."""
+        twin whose gang went, or that failed, is released. A failed one is made again once its claims
+        are gone and its (flavor, zone, capacity type) is no longer backed off (``twin_backoff_s``)."""
         sources = {n: v for n, v in own.items() if not v.deleting and not v.reason}
         have = {v.labels.get(LABEL_TWIN_OF, ""): v for v in twins.values()}
         for t in twins.values():
             if not t.deleting and (t.labels.get(LABEL_TWIN_OF) not in sources or t.reason):
+                if t.reason:
+                    self._twin_backoff.fail(_zone_key(t.labels), now)
                 self.delete_gang(t.name)
         for name, src in sorted(sources.items()):
             if name in have:
                 continue
             lb = src.labels
+            until = self._twin_backoff.until_s(_zone_key(lb), now)
+            if until is not None:  # the upgrade waits, as decide() waits out a failed zone
+                self.last_errors.append(f"twin of {name} for {cluster}: {_zone_key(lb)} backed off until {until:.0f}")
+                continue
             action = CreateGang(twin_name(name, LABEL_TWIN_OF in lb, cluster), lb.get(LABEL_MODEL, ""),
                                 lb.get(LABEL_FLAVOR_KEY, ""), lb.get(LABEL_CAPACITY, "on-demand"),
                                 lb.get(LABEL_ZONE, ""), src.instance_type, src.size,
@@ -500,8 +563,13 @@ class KubeActuator:
             if why:  # the upgrade waits: KubeRay moves traffic only once the pending cluster serves
                 self.last_errors.append(f"twin {action.name} of {name} for {cluster} not created: {why}")
                 continue
-            self._create_members(action, now, list(range(action.nodes)), pool,
-                                 {LABEL_RAYCLUSTER: cluster, LABEL_TWIN_OF: name})
+            # The source's slot: the pending cluster's slot deployment k runs on the twin of slot k's gang.
+            extra = {LABEL_RAYCLUSTER: cluster, LABEL_TWIN_OF: name,
+                     **({LABEL_GANG_SLOT: lb[LABEL_GANG_SLOT]} if LABEL_GANG_SLOT in lb else {})}
+            # Remembered like create_gang's: a twin whose every claim Karpenter deleted shows as failed.
+            self._created[action.name], self._created_s[action.name] = action, now
+            self._extra[action.name] = extra
+            self._create_members(action, now, list(range(action.nodes)), pool, extra)
 
     def _adopt(self, v: _View, cluster: str) -> None:
         """Record the cluster on a gang made before clusters were recorded (or in RayCluster mode), so
@@ -552,7 +620,7 @@ class KubeActuator:
 
     def _labels_of(self, a: CreateGang) -> dict[str, str]:
         created = self._created_s.get(a.name)
-        return {LABEL_GANG: a.name, LABEL_MODEL: a.model, LABEL_FLAVOR_KEY: a.flavor,
+        return {**self._extra.get(a.name, {}), LABEL_GANG: a.name, LABEL_MODEL: a.model, LABEL_FLAVOR_KEY: a.flavor,
                 LABEL_CAPACITY: a.capacity_type, LABEL_ZONE: a.zone, LABEL_SIZE: str(a.nodes),
                 **({LABEL_CREATED: f"{created:.3f}"} if created is not None else {})}
 
@@ -641,7 +709,7 @@ class KubeActuator:
                                 lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type,
                                 v.size, "resume after restart")
             pool = self._nodepool(nodepool_name(self.catalog.flavors[action.flavor]))
-            extra = {k: lb[k] for k in (LABEL_RAYCLUSTER, LABEL_TWIN_OF) if k in lb}
+            extra = {k: lb[k] for k in (LABEL_RAYCLUSTER, LABEL_TWIN_OF, LABEL_GANG_SLOT) if k in lb}
             self._create_members(action, float(lb.get(LABEL_CREATED, now)), missing, pool, extra)
             v.complete = True
             return
@@ -684,6 +752,8 @@ class KubeActuator:
                     self.last_errors.append(f"RayCluster {self.config.namespace}/{rc_name} not found")
                     return _GroupSync()
                 raise
+            if attempt == 0:
+                self._missing_groups(rc, rc_name, admitted)
             pending, changed = self._plan_groups(rc, admitted, pods)
             synced = _GroupSync({g["groupName"]: int(g.get("replicas") or 0)
                                  for g in (rc.get("spec") or {}).get("workerGroupSpecs") or []}, pending)
@@ -698,6 +768,14 @@ class KubeActuator:
                     raise
                 log.debug("RayCluster changed under us; re-reading")  # resourceVersion moved: decide again
         return _GroupSync()
+
+    def _missing_groups(self, rc: Obj, rc_name: str, admitted: dict[str, set[str]]) -> None:
+        """Say so when admitted gangs have no worker group (a RayCluster rendered from another catalog,
+        or without a gang slot's group): no Ray worker would ever run on their Nodes."""
+        have = {g.get("groupName") for g in (rc.get("spec") or {}).get("workerGroupSpecs") or []}
+        for gname in sorted(g for g, nodes in admitted.items() if nodes and g not in have):
+            self.last_errors.append(f"RayCluster {rc_name} has no worker group {gname}: its gangs' Nodes get "
+                                    "no Ray worker (render the manifests from this catalog)")
 
     @staticmethod
     def _plan_groups(rc: Obj, admitted: dict[str, set[str]], pods: list[Obj]) -> tuple[dict[str, bool], bool]:
@@ -758,7 +836,7 @@ class KubeActuator:
         return Gang(v.name, lb.get(LABEL_MODEL, ""), lb.get(LABEL_FLAVOR_KEY, ""),
                     lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type, v.size, phase,
                     float(lb.get(LABEL_CREATED, now)), reason=reason, node_ids=node_ids,
-                    since_s=self._phase_since(v, phase, now))
+                    since_s=self._phase_since(v, phase, now), slot=v.slot)
 
     def _phase_since(self, v: _View, phase: GangPhase, now: float) -> float | None:
         """When the gang entered ``phase``, kept on member 0 from its first READY on (None: since creation).

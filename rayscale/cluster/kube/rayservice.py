@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -63,6 +63,26 @@ class ServiceClusters:
         status = rs.get("status") or {}
         return cls(str((status.get("activeServiceStatus") or {}).get("rayClusterName") or ""),
                    str((status.get("pendingServiceStatus") or {}).get("rayClusterName") or ""))
+
+
+@dataclass
+class TwinBackoff:
+    """When a failed twin may be made again, per (flavor, zone, capacity type): ``backoff_s`` after the
+    failure, as decide() backs off a failed gang's zone (``ActSettings.backoff_s``: a failure while one
+    is running does not extend it). A twin keeps its source's zone, so the upgrade waits it out. Memory
+    only: a restarted controller tries at once, as it does for decide's back-offs."""
+
+    backoff_s: float
+    until: dict[tuple[str, str, str], float] = field(default_factory=dict)
+
+    def fail(self, key: tuple[str, str, str], now: float) -> None:
+        if self.until.get(key, float("-inf")) <= now:
+            self.until[key] = now + self.backoff_s
+
+    def until_s(self, key: tuple[str, str, str], now: float) -> float | None:
+        """The end of the back-off of ``key`` (None: not backed off now)."""
+        until = self.until.get(key)
+        return until if until is not None and until > now else None
 
 
 def twin_name(source: str, source_is_twin: bool, cluster: str) -> str:
@@ -108,8 +128,14 @@ def with_serve_targets(config: str, targets: Mapping[str, Mapping[str, int]]) ->
             continue
         deployments = app.setdefault("deployments", [])
         listed = {d.get("name"): d for d in deployments}
+        built = _built_deployments(app) if any(dep not in listed for dep in want) else None
         for dep, n in sorted(want.items()):
             entry = listed.get(dep)
+            if entry is None and built is not None and dep not in built:
+                # Serve refuses an override of a deployment the application does not build
+                # (override_deployment_info in ray/serve/_private/application_state.py): a gang-slot
+                # flavor's replicas are per slot deployment, which the controller scales itself.
+                continue
             if n <= 0:
                 # Ray's DeploymentSchema takes num_replicas >= 1 (ray/serve/schema.py): a deployment at zero
                 # is left to the application's own count, and the controller scales it to 0 after a submit.
@@ -128,3 +154,17 @@ def with_serve_targets(config: str, targets: Mapping[str, Mapping[str, int]]) ->
         if not deployments:
             del app["deployments"]
     return yaml.safe_dump(doc, sort_keys=False) if changed else None
+
+
+def _built_deployments(app: Obj) -> set[str] | None:
+    """The model deployments a rayscale application builds (a gang-slot flavor's: one per slot); None
+    for another application, or args rayscale cannot read (then nothing is left out)."""
+    from rayscale.serve.config import RAYSCALE_IMPORT_PREFIX, ConfigError, parse_app_args
+
+    if not str(app.get("import_path", "")).startswith(RAYSCALE_IMPORT_PREFIX):
+        return None
+    try:
+        cfg = parse_app_args(dict(app.get("args") or {}), f"application {app.get('name')}")
+    except ConfigError:
+        return None
+    return {d for m in cfg.models for f in m.flavors for d in f.deployment_names(m.name)}
