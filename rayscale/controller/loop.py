@@ -26,6 +26,7 @@ from rayscale.core.route import flavor_weights
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals
 from rayscale.core.step import ServeView, StepContext, StepState, step
+from rayscale.serve.config import slot_deployment_name
 from rayscale.signals.scrape import MetricsScraper
 from rayscale.signals.window import Scrape, aggregate, arrival_rate, mix_only
 
@@ -123,6 +124,8 @@ class Controller:
         # rayscale.cluster.kube.lease); a replica that does not hold it waits and changes nothing.
         self.leader = leader
         self._weights: dict[str, dict[str, float]] = {}
+        # Per gang-slot flavor, the 0-or-1 target of each slot deployment as last set (what KubeRay keeps).
+        self._slot_targets: dict[tuple[str, str], dict[int, int]] = {}
 
     def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
         self._listeners.append(fn)
@@ -240,7 +243,9 @@ class Controller:
         """A multi-node flavor: one 0-or-1 target per gang slot deployment (rayscale.controller.slots)."""
         current = serve.slots[(model, flavor)]
         mine = [g for g in gangs if (g.model, g.flavor) == (model, flavor)]
-        for k, n in slot_targets(replicas, mine, current).items():
+        wanted = slot_targets(replicas, mine, current)
+        self._slot_targets[(model, flavor)] = wanted
+        for k, n in wanted.items():
             if current.get(k) != n:
                 self.serve.scale_slot(app, model, flavor, k, n)
 
@@ -252,7 +257,12 @@ class Controller:
         targets.update({(a.model, a.flavor): a.replicas for a in actions if isinstance(a, SetReplicas)})
         by_app: dict[str, dict[str, int]] = defaultdict(dict)
         for (m, f), n in targets.items():
-            by_app[serve.app_of.get((m, f), self.config.app_name)][deployment_name(m, f)] = n
+            app = by_app[serve.app_of.get((m, f), self.config.app_name)]
+            if (m, f) in serve.slots:  # a gang-slot flavor's deployments are its slots (set by _scale_slots)
+                for k, per_slot in self._slot_targets.get((m, f), serve.slots[(m, f)]).items():
+                    app[slot_deployment_name(m, f, k)] = per_slot
+            else:
+                app[deployment_name(m, f)] = n
         try:
             return self.actuator.sync_serve_targets(dict(by_app))
         except Exception as e:  # the next period writes them again

@@ -416,6 +416,24 @@ def test_the_controller_writes_serve_targets_after_its_set_replicas_into_serve_c
     assert w.api.store.get("rayservices", RS, NS)["metadata"]["resourceVersion"] == version
 
 
+def test_a_gang_slot_flavor_is_kept_per_slot_deployment_in_serve_config_v2(world: World) -> None:
+    """A multi-node flavor is served by one deployment per gang slot: KubeRay must re-submit those slots'
+    targets (the ones the controller last set), never a per-flavor name the application does not build."""
+    w = world
+    none: Any = None
+    assert w.act is not None
+    ctl = Controller(w.catalog, w.act, none, none, ControllerConfig(app_name="llm"))
+    mf = ("qwen2-72b", "a10g")
+    snap = ServeSnapshot(target={mf: 2}, app_of={mf: "llm"}, slots={mf: {0: 1, 1: 1, 2: 0}})
+    assert ctl._keep_targets((), snap) == []
+    raw = yaml.safe_load(w.api.store.get("rayservices", RS, NS)["spec"]["serveConfigV2"])
+    (app,) = raw["applications"]
+    kept = {d["name"]: d.get("num_replicas") for d in app.get("deployments", [])}
+    assert kept.get("qwen2-72b--a10g--slot0") == 1 and kept.get("qwen2-72b--a10g--slot1") == 1
+    assert "qwen2-72b--a10g" not in kept and kept.get("qwen2-72b--a10g--slot2") is None  # 0: the app's own
+    assert set(validate_serve_config(raw, "serveConfigV2").apps) == {"llm"}
+
+
 def test_a_gang_made_before_clusters_were_recorded_is_adopted_by_the_driven_cluster(world: World) -> None:
     """Gangs made by a RayCluster-mode controller carry no cluster; the first RayService pass records the
     driven one on them, so that after the next cut-over they are released with it, not counted twice."""
