@@ -101,15 +101,13 @@ class ServeClient:
             return ServeSnapshot(ok=False, error=f"serve details unavailable: {e}")
 
     def scale(self, app: str, model: str, flavor: str, replicas: int) -> None:
-        dep = deployment_name(model, flavor)
-        r = self._http.post(f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
-                            json={"target_num_replicas": int(replicas)})
-        if r.status_code != 200:
-            raise ServeClientError(f"scale {app}/{dep} to {replicas}: HTTP {r.status_code}: {r.text[:300]}")
+        self.scale_deployment(app, deployment_name(model, flavor), replicas)
 
     def scale_slot(self, app: str, model: str, flavor: str, slot: int, replicas: int) -> None:
         """Sets one gang slot's deployment (0 or 1 replica) through the same external scaler endpoint."""
-        dep = slot_deployment_name(model, flavor, slot)
+        self.scale_deployment(app, slot_deployment_name(model, flavor, slot), replicas)
+
+    def scale_deployment(self, app: str, dep: str, replicas: int) -> None:
         r = self._http.post(f"{self.url}/api/v1/applications/{app}/deployments/{dep}/scale",
                             json={"target_num_replicas": int(replicas)})
         if r.status_code != 200:
