@@ -10,9 +10,10 @@ reported is one more replay of the configuration found (deterministic: it repeat
   a later flavor is first tried at the most replicas that would still be cheaper than the best fleet so
   far, and dropped if that misses (one replay). Then two-flavor mixes: one, two, ... replicas of the best
   flavor swapped for the fewest replicas of a cheaper-per-replica flavor that still reach the goal.
-- ``clairvoyant``: knows every future arrival, but not the cloud's draws. A per-minute integer plan of the
-  cheapest flavor per request (per-replica capacity at the SLO *measured* on the simulated engine,
-  rayscale.sim.capacity): minute m needs ceil(headroom x rate_m / capacity) replicas. Each replica is
+- ``clairvoyant``: knows every future arrival, but not the cloud's draws. A per-minute integer plan on one
+  flavor (per-replica capacity at the SLO *measured* on the simulated engine, rayscale.sim.capacity): minute m
+  needs ceil(headroom x rate_m / capacity) replicas, on the flavor whose plan at headroom 1 costs least as
+  it packs (whole nodes each minute). Each replica is
   ordered through the normal cloud (provision delay, node boot, image pull and model load, capacity errors)
   one start-up lead time ahead of the minute it is needed (the 95th percentile of each start-up draw, and
   the control period in which the act step places replicas on a gang that came up),
@@ -42,7 +43,8 @@ from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import EstimateSettings, estimate
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.signals import Freshness, ModelSignals
-from rayscale.sim.fleet_act import Fleet, FleetActor, fleet_usd_per_h, share_usd_per_h
+from rayscale.sim.capacity import MeasuredCapacity, cheapest_capacity
+from rayscale.sim.fleet_act import Fleet, FleetActor, fleet_usd_per_h, gangs_usd_per_h, share_usd_per_h
 from rayscale.sim.policies import OraclePolicy, Policy, limit_replicas
 
 if TYPE_CHECKING:
@@ -316,30 +318,53 @@ class ClairvoyantPolicy(Policy):
                                      self.lead_z))
 
     def _cheapest(self, sim: Simulation) -> tuple[str, float]:
-        """(flavor, measured req/s per replica) with the lowest $ per req/s at the split the plan buys, a
-        replica priced as its share of the node it packs into."""
-        bound = OraclePolicy(settings=sim.cfg.settings)
-        bound.measure(sim)
+        """(flavor, measured req/s per replica) whose per-minute plan at headroom 1 costs least, packed as the
+        act step packs it (ceil(n / slots) gangs each minute): a flavor whose node holds eight replicas is
+        cheap per replica only in the minutes its plan fills the node."""
+        rate = self._rates(sim)
         best: tuple[float, str, float] | None = None
-        for f, c in bound.capacity.items():
+        for f, c in sorted(self._capacities(sim).items()):
             if c.rps > 0:
-                usd = sum(k * share_usd_per_h(sim.catalog, sim.model, f, ct)
-                          for (_, ct), k in split(sim.catalog, f, 100).items())
-                per = usd / 100 / c.rps
-                if best is None or per < best[0]:
-                    best = (per, f, c.rps)
+                needs, minutes = np.unique(self._replicas(sim, rate, c.rps), return_counts=True)
+                usd = sum(fleet_usd_per_h(sim.catalog, sim.model, split(sim.catalog, f, int(n))) * int(k)
+                          for n, k in zip(needs, minutes, strict=True)) / 60.0
+                if best is None or usd < best[0]:
+                    best = (usd, f, c.rps)
         if best is None:  # no flavor meets the SLO even nearly idle: size by the estimator, say so in extra
             guess = guessed_capacity(sim)
             f = max(guess, key=lambda k: (guess[k], k))
             return f, max(guess[f], 1e-3)
         return best[1], best[2]
 
-    def _needs(self, sim: Simulation, headroom: float) -> np.ndarray:
-        end = float(sim.arr[-1])
-        edges = np.arange(0.0, end + 2 * 60.0, 60.0)
-        rate = np.histogram(sim.arr, edges)[0] / 60.0
+    @staticmethod
+    def _capacities(sim: Simulation) -> dict[str, MeasuredCapacity]:
+        """Measured capacity of every flavor that could carry the cheapest plan: those that could be cheapest
+        per request with full nodes (the fluid bound's measurement, a replica at its share of a node) and
+        those that could with one replica a node (a plan of few replicas pays whole nodes); a flavor
+        dominated both ways is left out (rayscale.sim.capacity.cheapest_capacity)."""
+        bound = OraclePolicy(settings=sim.cfg.settings)
+        bound.measure(sim)
+        caps = {f: c for f, c in bound.capacity.items() if c.rps > 0}
+        guess = guessed_capacity(sim)
+        offers = [(sim.catalog.profile(sim.model, f), gangs_usd_per_h(sim.catalog, sim.model, f, OD, 1),
+                   guess.get(f, 0.0)) for f in sim.flavors]
+        whole = cheapest_capacity(offers, sim.spec.slo, sim.prompt, sim.output, sim.cfg.engine,
+                                  sim.cfg.oracle_capacity, sim.cfg.seed)
+        return {**{f: c for f, c in whole.items() if c.rps > 0}, **caps}
+
+    @staticmethod
+    def _rates(sim: Simulation) -> np.ndarray:
+        """Arrivals per second in each minute of the trace (and one after it)."""
+        edges = np.arange(0.0, float(sim.arr[-1]) + 2 * 60.0, 60.0)
+        return np.histogram(sim.arr, edges)[0] / 60.0
+
+    @staticmethod
+    def _replicas(sim: Simulation, rate: np.ndarray, rps: float, headroom: float = 1.0) -> np.ndarray:
         floor = max(1, sim.spec.min_replicas)
-        return np.maximum(np.ceil(headroom * rate / self.capacity_rps - 1e-9), floor).astype(np.int64)
+        return np.maximum(np.ceil(headroom * rate / rps - 1e-9), floor).astype(np.int64)
+
+    def _needs(self, sim: Simulation, headroom: float) -> np.ndarray:
+        return self._replicas(sim, self._rates(sim), self.capacity_rps, headroom)
 
     def _policy(self, sim: Simulation, headroom: float) -> PlanPolicy:
         return PlanPolicy(self.flavor, self._needs(sim, headroom), self.lead_s, self.hold_s)

@@ -134,3 +134,12 @@ def test_from_the_same_start_every_policy_begins_with_the_first_fleet_then_moves
     assert fixed.timeline["replicas"][other][-1] == 4 and fixed.timeline["replicas"][start_flavor][-1] == 0
     assert min(fixed.timeline["replicas"][other] + fixed.timeline["replicas"][start_flavor]) >= 1  # never empty
     assert runs["stock"].timeline["replicas"][start_flavor][-1] == 0  # retired once stock's own served
+
+
+def test_clairvoyant_prices_its_plan_as_it_packs_so_a_few_replicas_do_not_buy_an_8_gpu_node():
+    """Per replica an H100 on a full p5.48xlarge is cheap; a plan of a few replicas still pays the whole node.
+    The bound picks the flavor whose per-minute plan costs least as packed, measuring both kinds of candidate."""
+    cat = CAT.subset([MODEL], ["h100", "l40s"])
+    sim, r = _run(cat, STEADY, pol := ClairvoyantPolicy())
+    assert pol.flavor == "l40s" and r.extra["reached_goal"]
+    assert r.cost_usd < NODE_USD_H * r.sim_s / 3600  # less than one p5.48xlarge over the run
