@@ -100,6 +100,18 @@ class ServeClient:
         except (httpx.HTTPError, ValueError) as e:
             return ServeSnapshot(ok=False, error=f"serve details unavailable: {e}")
 
+    def deployment_targets(self) -> dict[tuple[str, str], int]:
+        """(application, deployment) -> target replicas of every deployment Serve has, any name
+        (ServeClientError when the dashboard does not answer)."""
+        try:
+            r = self._http.get(f"{self.url}/api/serve/applications/")
+            r.raise_for_status()
+            apps = r.json().get("applications") or {}
+        except (httpx.HTTPError, ValueError, AttributeError) as e:
+            raise ServeClientError(f"serve details unavailable: {e}") from e
+        return {(a, d): int(dep.get("target_num_replicas") or 0)
+                for a, app in apps.items() for d, dep in (app.get("deployments") or {}).items()}
+
     def scale(self, app: str, model: str, flavor: str, replicas: int) -> None:
         self.scale_deployment(app, deployment_name(model, flavor), replicas)
 

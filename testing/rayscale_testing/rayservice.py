@@ -37,10 +37,12 @@ per RayService (``Reconcile``):
 
 Serve itself is behind ``ServeBackend``: ``RecordedServe`` records submissions and reports the
 submitted applications RUNNING (``ready[cluster] = False`` holds a cluster back); ``ServeModel`` keeps
-each cluster's replica targets as Serve does (a submitted config sets every deployment it lists, the
-external scaler sets one) and reports an application RUNNING only once every deployment's target fits
-the capacity the test says the cluster has (Serve's ``ApplicationStatus``: DEPLOYING until the target
-replicas run).
+each cluster's replica targets as Serve does (a submitted config deploys every deployment the
+application builds, at the config's count or the application's own; the external scaler sets one) and
+reports an application RUNNING only once every deployment's target fits the capacity the test says the
+cluster has (Serve's ``ApplicationStatus``: DEPLOYING until the target replicas run).
+``rayscale_testing.serve_http.ServeDashboards`` puts each cluster's dashboard (its Serve part) in front
+of a ``ServeModel`` over HTTP.
 """
 
 from __future__ import annotations
@@ -99,28 +101,67 @@ class RecordedServe:
 class ServeModel:
     """Ray Serve on each cluster, as far as KubeRay and rayscale see it through the dashboard.
 
-    A submitted config (``PUT /api/serve/applications/``) replaces the cluster's applications and sets
-    the target of every deployment it lists (``num_replicas``; 1 when absent, as for code that sets
-    none); deployments it does not list are not modelled; the
-    external scaler (``serve_head.py``) sets one target and answers 412 unless the application has
-    ``external_scaler_enabled``. An application is RUNNING once every listed deployment's target fits
-    ``capacity(cluster, deployment)`` (replicas that can run there now), DEPLOYING before."""
+    A submitted config (``PUT /api/serve/applications/``) replaces the cluster's applications. The
+    deployments an application has, with the count each is deployed at:
+
+    - a rayscale application (``import_path`` under ``rayscale.serve.app:``) has the deployments its
+      builder makes from ``args`` (``rayscale.serve.app.build_from_config``): one per single-node
+      flavor, deployed at the flavor's ``num_replicas`` or 1 where that is 0 (Serve refuses 0 at deploy
+      time, so the builder raises it), and one per gang slot of a multi-node flavor, each at 1
+      (``_slot_options``). A ``deployments`` entry with ``num_replicas`` overrides the count; an entry
+      naming a deployment the builder does not make fails the application (``override_deployment_info``
+      in ray/serve/_private/application_state.py). The ingress is not modelled: it asks for no CPU
+      (``num_cpus: 0``) and runs on any node, the head's included, so it never holds an application back;
+    - any other application has the deployments its entry lists, each at its ``num_replicas`` (1 when
+      absent, as for code that sets none).
+
+    A re-submission sets a deployment's target only where what it deploys changed (the application's
+    code: import path, args, runtime env; or the deployment's entry): Serve's ``DeploymentState.deploy``
+    (ray/serve/_private/deployment_state.py) returns early on an unchanged deployment config and version,
+    so a target the external scaler set stays. The external scaler (``serve_head.py``
+    ``scale_deployment``, ``controller.update_deployment_replicas``) sets one target: 404 for an
+    application or deployment the cluster does not have, 412 unless the application has
+    ``external_scaler_enabled``, 400 for a negative count (``ScaleDeploymentRequest``: NonNegativeInt).
+    An application is RUNNING once every deployment's target fits ``capacity(cluster, deployment)``
+    (replicas that can run there now), DEPLOYING before (Serve's ``ApplicationStatus``)."""
 
     capacity: Callable[[str, str], int]
     submissions: list[tuple[str, str]] = field(default_factory=list)  # (cluster, serveConfigV2)
     targets: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)  # cluster -> (app, dep) -> n
     scalable: dict[str, dict[str, bool]] = field(default_factory=dict)  # cluster -> app -> external scaler on
+    failed: dict[str, dict[str, str]] = field(default_factory=dict)  # cluster -> app -> why it failed
+    # cluster -> (app, dep) -> what was deployed (the re-submission compares it)
+    deployed: dict[str, dict[tuple[str, str], str]] = field(default_factory=dict)
 
     def submit(self, cluster: str, config: str) -> None:
         self.submissions.append((cluster, config))
         apps = (yaml.safe_load(config) or {}).get("applications") or []
+        old_targets, old_deployed = self.targets.get(cluster, {}), self.deployed.get(cluster, {})
         self.scalable[cluster] = {a.get("name", ""): bool(a.get("external_scaler_enabled")) for a in apps}
-        self.targets[cluster] = {(a.get("name", ""), d["name"]): int(d.get("num_replicas", 1))
-                                 for a in apps for d in a.get("deployments") or []}
+        self.failed[cluster], self.targets[cluster], self.deployed[cluster] = {}, {}, {}
+        for app in apps:
+            name = app.get("name", "")
+            try:
+                counts = app_deployments(app)
+            except ValueError as e:
+                self.failed[cluster][name] = str(e)
+                continue
+            for dep, (n, what) in counts.items():
+                key = (name, dep)
+                same = old_deployed.get(key) == what and key in old_targets
+                self.targets[cluster][key] = old_targets[key] if same else n
+                self.deployed[cluster][key] = what
 
     def scale(self, cluster: str, app: str, deployment: str, replicas: int) -> None:
-        if not self.scalable.get(cluster, {}).get(app):
-            raise ValueError(f"412: application {app} on {cluster} has no external_scaler_enabled")
+        """The external scaler's ``POST .../deployments/{dep}/scale``; ServeHTTPError as Ray answers."""
+        if replicas < 0:
+            raise ServeHTTPError(400, f"Invalid request body: target_num_replicas {replicas} < 0")
+        if app not in self.scalable.get(cluster, {}):
+            raise ServeHTTPError(404, "Application or Deployment not found")
+        if not self.scalable[cluster][app]:
+            raise ServeHTTPError(412, f"application {app} on {cluster} has no external_scaler_enabled")
+        if (app, deployment) not in self.targets.get(cluster, {}):
+            raise ServeHTTPError(404, "Application or Deployment not found")
         self.targets[cluster][(app, deployment)] = replicas
 
     def target(self, cluster: str, app: str, deployment: str) -> int:
@@ -134,8 +175,63 @@ class ServeModel:
         for app in self.scalable.get(cluster, {}):
             fits = all(n <= self.capacity(cluster, dep)
                        for (a, dep), n in self.targets.get(cluster, {}).items() if a == app)
-            out[app] = "RUNNING" if fits else "DEPLOYING"
+            out[app] = "DEPLOY_FAILED" if app in self.failed.get(cluster, {}) else "RUNNING" if fits else "DEPLOYING"
         return out
+
+    def details(self, cluster: str) -> Obj:
+        """``GET /api/serve/applications/`` as Ray's ServeInstanceDetails has it, the parts read here:
+        per application its status and per deployment ``target_num_replicas`` and running replicas."""
+        apps: Obj = {}
+        for app, status in self.applications(cluster).items():
+            deps = {dep: {"name": dep, "target_num_replicas": n,
+                          "replicas": [{"state": "RUNNING"}] * self.running(cluster, app, dep)}
+                    for (a, dep), n in sorted(self.targets.get(cluster, {}).items()) if a == app}
+            apps[app] = {"name": app, "status": status, "deployments": deps}
+        return {"applications": apps}
+
+
+class ServeHTTPError(Exception):
+    """An answer of the dashboard's Serve API other than 200 (``code``, as serve_head.py sends it)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message = code, message
+
+
+def app_deployments(app: Obj) -> dict[str, tuple[int, str]]:
+    """Deployment -> (count it is deployed at, what it deploys) of one application entry (ServeModel);
+    ValueError when Serve would refuse the entry's overrides."""
+    listed = {d.get("name", ""): d for d in app.get("deployments") or []}
+    code = json.dumps([app.get("import_path"), app.get("args"), app.get("runtime_env")], sort_keys=True)
+    built = _rayscale_builds(app)
+    if built is None:
+        return {dep: (int(d.get("num_replicas", 1)), json.dumps([code, d], sort_keys=True))
+                for dep, d in listed.items()}
+    unknown = sorted(set(listed) - set(built))
+    if unknown:  # override_deployment_info
+        raise ValueError(f"Deployment '{unknown[0]}' does not exist. Available: {sorted(built)}")
+    out = {}
+    for dep, own in built.items():
+        entry = listed.get(dep)
+        n = int(entry["num_replicas"]) if entry is not None and "num_replicas" in entry else own
+        out[dep] = (n, json.dumps([code, entry], sort_keys=True))
+    return out
+
+
+def _rayscale_builds(app: Obj) -> dict[str, int] | None:
+    """The model deployments rayscale's builder makes, each with the count it deploys it at
+    (rayscale.serve.app.build_from_config); None for an application that is not rayscale's."""
+    from rayscale.serve.config import RAYSCALE_IMPORT_PREFIX, parse_app_args
+
+    if not str(app.get("import_path", "")).startswith(RAYSCALE_IMPORT_PREFIX):
+        return None
+    cfg = parse_app_args(dict(app.get("args") or {}), f"application {app.get('name')}")  # ConfigError: a ValueError
+    out = {}
+    for m in cfg.models:
+        for f in m.flavors:
+            for dep in f.deployment_names(m.name):
+                out[dep] = 1 if f.gang_slots else max(f.num_replicas, 1)
+    return out
 
 
 def spec_hash(spec: Obj) -> str:

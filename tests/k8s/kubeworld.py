@@ -38,6 +38,9 @@ class World:
     act: KubeActuator | None = None
     config: KubeActuatorConfig = field(
         default_factory=lambda: KubeActuatorConfig(namespace=NS, raycluster=RC, retry=FAST_RETRY))
+    # Serve's targets the controller hands the actuator each period (``sync_serve_targets``), where a
+    # test drives a RayService; empty: none.
+    serve_targets: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def actuator(self) -> KubeActuator:
         """A fresh actuator (a restarted controller): no memory but what the cluster holds."""

@@ -5,13 +5,16 @@ comes up beside the active one, traffic moves, the old one goes). The RayService
 (rayscale_testing.rayservice, after rayservice_controller.go) writes ``status.activeServiceStatus`` /
 ``pendingServiceStatus``, rebuilds clusters in place and submits ``serveConfigV2`` as KubeRay does; the
 KubeRay stand-in runs each RayCluster's pods. With ``ServeModel`` a cluster's application is RUNNING only
-once every replica target has a worker pod, so the tests see whether traffic is ever moved to, or left
-on, a cluster that cannot serve its targets (docs/design.md, "KubeRay and rayscale").
+once every replica target has a worker pod (every deployment the application builds, those the
+controller keeps at 0 included), so the tests see whether traffic is ever moved to, or left on, a
+cluster that cannot serve its targets (docs/design.md, "KubeRay and rayscale"). ``ServeDashboards``
+answers each cluster's dashboard, where the actuator sets a pending cluster's targets.
 """
 
 from __future__ import annotations
 
 import copy
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -19,14 +22,15 @@ from typing import Any
 import pytest
 import yaml
 from rayscale_testing.kubeapi import KubeAPIServer
-from rayscale_testing.rayservice import RayServiceStandIn, RecordedServe, ServeModel
+from rayscale_testing.rayservice import RayServiceStandIn, RecordedServe, ServeHTTPError, ServeModel
+from rayscale_testing.serve_http import ServeDashboards
 
 from rayscale.cluster.kube import KubeError
 from rayscale.controller.loop import Controller, ControllerConfig
 from rayscale.controller.serve_client import ServeSnapshot
 from rayscale.core.act import Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import Catalog
-from rayscale.serve.config import validate_serve_config
+from rayscale.serve.config import parse_app_args, validate_serve_config
 
 from .kubeworld import NS, World, make_world, rendered, rendered_raycluster
 from .test_actuator import BIG, GROUP, act, created_claims, up
@@ -104,11 +108,18 @@ def kuberay(world: World) -> RayServiceStandIn:
 
 
 def tick(w: World, rsc: RayServiceStandIn) -> list[Gang]:
+    """One period: the world moves, KubeRay and its RayCluster controller pass, then the controller's
+    actuator reads the gangs and (where the test set them) keeps Serve's targets (Controller.reconcile:
+    gangs, actions, then ``_keep_targets``); its errors are the controller's to log, the next period
+    writes again."""
     w.step()
     rsc.step()
     w.kuberay.step()
     assert w.act is not None
-    return w.act.gangs(w.clock.now())
+    gangs = w.act.gangs(w.clock.now())
+    if w.serve_targets:
+        w.act.sync_serve_targets(w.serve_targets)
+    return gangs
 
 
 def until(w: World, rsc: RayServiceStandIn, pred: Callable[[list[Gang]], bool], what: str,
@@ -156,6 +167,7 @@ def deploy(w: World, rsc: RayServiceStandIn) -> tuple[str, Gang]:
 MISTRAL = ("mistral-7b", "a10g", "on-demand")  # one g5.xlarge per gang, one Serve replica per gang
 M_GROUP = "a10g-g5-xlarge"
 APP, DEP = "llm", "mistral-7b--a10g"  # the rendered application and its a10g deployment
+SLOT0 = "qwen2-72b--a10g--slot0"  # the slot deployment of BIG's first gang (two g5.12xlarge, group GROUP)
 
 
 def serving_pods(w: World, cluster: str) -> list[dict[str, Any]]:
@@ -163,24 +175,61 @@ def serving_pods(w: World, cluster: str) -> list[dict[str, Any]]:
             and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
 
 
+def running_in(w: World, cluster: str, group_name: str) -> list[dict[str, Any]]:
+    return [p for p in workers(w, cluster) if p["metadata"]["labels"]["ray.io/group"] == group_name
+            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
 @pytest.fixture
-def served(world: World) -> tuple[World, RayServiceStandIn, ServeModel]:
-    """KubeRay's RayService controller over a Serve model: a cluster runs one mistral-7b replica per
-    Running worker pod of its g5.xlarge group, and its application is RUNNING once every target fits."""
+def dashboards(world: World) -> Iterator[ServeDashboards]:
+    """Serve on each cluster (the model) behind each cluster's dashboard (one local server): a cluster runs
+    one mistral-7b replica per Running worker pod of its g5.xlarge group, and BIG's slot-0 replica once
+    both pods of the slot-0 group run; nothing else has a node. The actuator reaches a cluster's
+    dashboard there (``cluster_dashboard``)."""
     w = world
-    head_nodes(w, 3)
 
     def capacity(cluster: str, deployment: str) -> int:
-        return len(serving_pods(w, cluster)) if deployment == DEP else 0
+        if deployment == DEP:
+            return len(serving_pods(w, cluster))
+        if deployment == SLOT0:
+            return int(len(running_in(w, cluster, GROUP)) >= 2)
+        return 0
 
-    serve = ServeModel(capacity)
-    return w, RayServiceStandIn(w.api.store, serve, clock=w.clock), serve
+    d = ServeDashboards(ServeModel(capacity)).start()
+    w.config = replace(w.config, cluster_dashboard=d.template)
+    w.actuator()
+    try:
+        yield d
+    finally:
+        d.stop()
 
 
-def targets(w: World, n: int) -> None:
-    """What the controller does each period: Serve's targets (after its SetReplicas) into the RayService."""
+@pytest.fixture
+def served(world: World, dashboards: ServeDashboards) -> tuple[World, RayServiceStandIn, ServeModel]:
+    """KubeRay's RayService controller over the Serve model, with a head node for each cluster; its
+    application is RUNNING once every target fits."""
+    w = world
+    head_nodes(w, 3)
+    return w, RayServiceStandIn(w.api.store, dashboards.model, clock=w.clock), dashboards.model
+
+
+def model_deployments(w: World) -> list[str]:
+    """Every model deployment the RayService's application builds: what the controller's Serve snapshot
+    lists, so what it hands the actuator each period (gang-slot flavors by slot, Controller._keep_targets)."""
+    rs = w.api.store.get("rayservices", RS, NS)
+    (app,) = yaml.safe_load(rs["spec"]["serveConfigV2"])["applications"]
+    cfg = parse_app_args(app["args"])
+    return [d for m in cfg.models for f in m.flavors for d in f.deployment_names(m.name)]
+
+
+def targets(w: World, n: int, more: dict[str, int] | None = None) -> None:
+    """The controller's Serve targets from now on (written at once, then every period): DEP at ``n``,
+    ``more`` (deployment -> replicas), every other deployment as before (at first 0, as the plan keeps
+    them)."""
     assert w.act is not None
-    assert w.act.sync_serve_targets({APP: {DEP: n, "qwen2-7b--a10g": 0}}) == []
+    kept = w.serve_targets.get(APP) or dict.fromkeys(model_deployments(w), 0)
+    w.serve_targets = {APP: {**kept, DEP: n, **(more or {})}}
+    assert w.act.sync_serve_targets(w.serve_targets) == []
 
 
 def deploy_served(w: World, rsc: RayServiceStandIn, serve: ServeModel, n: int = 2) -> tuple[str, list[Gang]]:
@@ -256,6 +305,56 @@ def test_an_upgrade_gets_twins_on_the_pending_cluster_and_cuts_over_only_once_th
     assert group(w, second, M_GROUP)["replicas"] == 2
     rs = w.api.store.get("rayservices", RS, NS)
     assert group_of(rs["spec"]["rayClusterConfig"], M_GROUP)["replicas"] == 2
+
+
+def closed_port() -> int:
+    """A local port nothing listens on (connection refused, as from a head pod not up yet)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_an_upgrade_waits_for_the_pending_cluster_to_run_the_targets_kept_at_zero_then_cuts_over(
+    served: tuple[World, RayServiceStandIn, ServeModel], dashboards: ServeDashboards
+) -> None:
+    """Deployments the controller keeps at 0 (qwen2-7b--a10g, every other flavor, the idle gang slots)
+    cannot be in serveConfigV2 (Ray's DeploymentSchema: num_replicas >= 1), so the pending cluster of an
+    upgrade deploys each at the application's own count, 1 (rayscale.serve.app), with no node for it:
+    its application stays DEPLOYING, and KubeRay moves traffic only once every application is RUNNING
+    (getAndCheckServeStatus). While the pending cluster's dashboard does not answer, the twins serve
+    DEP there but the upgrade waits, the actuator says why, and the active cluster keeps its full
+    target. Once it answers, the actuator sets every target there through the scale endpoint (each
+    once: it reads the targets first), and traffic moves with serving never short."""
+    w, rsc, serve = served
+    assert w.act is not None
+    first, _ = deploy_served(w, rsc, serve)
+    zeros = {d for d, n in w.serve_targets[APP].items() if n == 0}
+    assert "qwen2-7b--a10g" in zeros and SLOT0 in zeros and len(zeros) > 20
+    live = w.config
+    w.config = replace(live, cluster_dashboard=f"http://127.0.0.1:{closed_port()}/{{cluster}}")
+    w.actuator()
+    upgrade(w)
+    until(w, rsc, lambda gs: pending(w) != "" and serve.running(pending(w), APP, DEP) == 2,
+          what="the twins serve DEP on the pending cluster", ticks=80)
+    second = pending(w)
+    for _ in range(20):  # 100 s more: the stall
+        tick(w, rsc)
+        assert active(w) == first and pending(w) == second and serve.running(first, APP, DEP) == 2
+    assert serve.applications(second) == {APP: "DEPLOYING"}
+    assert all(serve.target(second, APP, d) == 1 for d in zeros)  # the application's own count
+    errors = w.act.sync_serve_targets(w.serve_targets)
+    assert len(errors) == 1 and f"pending cluster {second}" in errors[0], errors
+    assert dashboards.scales(second) == []
+    w.config = live
+    w.actuator()
+    while active(w) == first:
+        tick(w, rsc)
+        assert serve.running(serving_cluster(w), APP, DEP) == 2
+        assert w.clock.now() < 2000, "no cut-over"
+    assert active(w) == second and pending(w) == ""
+    assert sorted(dashboards.scales(second)) == sorted((APP, d, 0) for d in zeros)  # each once
+    assert all(serve.target(second, APP, d) == n for d, n in w.serve_targets[APP].items())
+    assert serve.applications(second) == {APP: "RUNNING"}
 
 
 def test_editing_the_rayservice_to_append_a_worker_group_keeps_every_worker(
@@ -524,7 +623,8 @@ def test_a_slot_gangs_twin_keeps_its_slot_on_the_pending_cluster(
     served: tuple[World, RayServiceStandIn, ServeModel]
 ) -> None:
     """The twin of a gang-slot gang carries its source's slot: on the new cluster the worker group of the
-    same slot is sized to it, so the slot's Serve deployment finds its replica's nodes there too."""
+    same slot is sized to it, so the slot's Serve deployment finds its replica's nodes there too, and
+    traffic moves only once that replica runs there."""
     w, rsc, serve = served
     first, _ = deploy_served(w, rsc, serve)
     act(w, {BIG: 1}, [])
@@ -532,9 +632,16 @@ def test_a_slot_gangs_twin_keeps_its_slot_on_the_pending_cluster(
                   what="the big gang ready")
     (big,) = [g for g in gangs if g.model == BIG[0]]
     assert big.slot == 0 and group(w, first)["replicas"] == 2
+    # The controller runs the slot's replica on its gang (its ServeClient, on the active cluster).
+    serve.scale(first, APP, SLOT0, 1)
+    targets(w, 2, {SLOT0: 1})
+    assert serve.running(first, APP, SLOT0) == 1
     upgrade(w)
-    until(w, rsc, lambda gs: active(w) != first, what="cut over", ticks=80)
+    while active(w) == first:
+        tick(w, rsc)
+        assert serve.running(serving_cluster(w), APP, SLOT0) == 1 and w.clock.now() < 2000
     second = active(w)
+    assert serve.target(second, APP, SLOT0) == 1 and serve.running(second, APP, SLOT0) == 1
     twin = [c for c in twin_claims(w) if c["metadata"]["labels"]["rayscale.io/twin-of"] == big.name]
     assert len(twin) == 2 and all(c["metadata"]["labels"]["rayscale.io/gang-slot"] == "0" for c in twin)
     assert {c["metadata"]["labels"]["rayscale.io/raycluster"] for c in twin} == {second}
@@ -547,3 +654,92 @@ def test_a_slot_gangs_twin_keeps_its_slot_on_the_pending_cluster(
     assert sorted(p["spec"]["nodeName"] for p in slot_pods) == sorted(c["status"]["nodeName"] for c in twin)
     rs = w.api.store.get("rayservices", RS, NS)
     assert group_of(rs["spec"]["rayClusterConfig"], GROUP)["replicas"] == 2  # mirrored by slot group name
+
+
+# --- the Serve stand-in and its dashboards ---------------------------------------------------------
+
+
+def test_the_serve_model_deploys_what_the_application_builds_and_keeps_scaled_targets_on_resubmit(
+    catalog: Catalog,
+) -> None:
+    """ServeModel after rayscale.serve.app and Ray Serve: every model deployment the application builds
+    is deployed (a flavor at 0 at 1, a gang slot at 1), a listed one at its num_replicas; a re-submission
+    resets only a deployment whose deployment changed (DeploymentState.deploy); the scale endpoint's
+    answers (serve_head.py); an override of a deployment the application does not build fails it."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from rayscale.cluster.kube.rayservice import with_serve_targets
+
+    rs = rendered(catalog, "deployments/k8s/rayservice.yaml")[0]
+    base = rs["spec"]["serveConfigV2"]
+    config = with_serve_targets(base, {APP: {DEP: 2}})
+    assert config is not None
+    serve = ServeModel(lambda cluster, dep: 5)
+    serve.submit("c", config)
+    (app,) = yaml.safe_load(base)["applications"]
+    built = {d for m in parse_app_args(app["args"]).models for f in m.flavors for d in f.deployment_names(m.name)}
+    assert {d for (a, d) in serve.targets["c"]} == built and "qwen2-72b--a10g" not in built
+    assert serve.target("c", APP, DEP) == 2 and serve.target("c", APP, "qwen2-7b--a10g") == 1
+    assert serve.target("c", APP, SLOT0) == 1 and serve.applications("c") == {APP: "RUNNING"}
+    serve.scale("c", APP, "qwen2-7b--a10g", 0)
+    serve.submit("c", config)  # unchanged: the scaled target stays
+    assert serve.target("c", APP, "qwen2-7b--a10g") == 0
+    serve.scale("c", APP, DEP, 4)
+    changed = with_serve_targets(config, {APP: {DEP: 3}})
+    assert changed is not None
+    serve.submit("c", changed)  # DEP's entry changed: its target is the config's; the others stay
+    assert serve.target("c", APP, DEP) == 3 and serve.target("c", APP, "qwen2-7b--a10g") == 0
+    doc = yaml.safe_load(changed)
+    doc["applications"][0]["args"]["ingress"] = {"num_replicas": 2}
+    serve.submit("c", yaml.safe_dump(doc))  # new code (args): every deployment deployed again
+    assert serve.target("c", APP, "qwen2-7b--a10g") == 1
+    with pytest.raises(ServeHTTPError, match="404"):
+        serve.scale("c", APP, "qwen2-72b--a10g", 0)
+    with pytest.raises(ServeHTTPError, match="404"):
+        serve.scale("c", "other", DEP, 0)
+    with pytest.raises(ServeHTTPError, match="400"):
+        serve.scale("c", APP, DEP, -1)
+    doc["applications"][0]["external_scaler_enabled"] = False
+    serve.submit("c", yaml.safe_dump(doc))
+    with pytest.raises(ServeHTTPError, match="412"):
+        serve.scale("c", APP, DEP, 0)
+    doc["applications"][0]["deployments"].append({"name": "qwen2-72b--a10g", "num_replicas": 1})
+    ServeDeploySchema.model_validate(doc)  # Ray's schema takes it; building the application does not
+    serve.submit("c", yaml.safe_dump(doc))
+    assert serve.applications("c") == {APP: "DEPLOY_FAILED"}
+
+
+def test_the_dashboards_answer_the_serve_client_per_cluster_as_ray_does() -> None:
+    """ServeDashboards: each cluster's scale endpoint and Serve details at ``{url}/clusters/{cluster}``,
+    Ray's codes through the ServeClient the actuator uses, token auth as Ray's middleware checks it."""
+    from rayscale.controller.serve_client import ServeClient, ServeClientError
+
+    serve = ServeModel(lambda cluster, dep: 1)
+    cfg = {"applications": [{"name": "a", "route_prefix": "/", "import_path": "x:app", "external_scaler_enabled": True,
+                             "deployments": [{"name": "d", "num_replicas": 2}]}]}
+    serve.submit("one", yaml.safe_dump(cfg))
+    d = ServeDashboards(serve, token="s3cret").start()
+    clients: list[ServeClient] = []
+
+    def client(cluster: str, token: str) -> ServeClient:
+        clients.append(ServeClient(d.template.format(cluster=cluster), timeout_s=5, token=token))
+        return clients[-1]
+
+    try:
+        one = client("one", "s3cret")
+        assert one.deployment_targets() == {("a", "d"): 2} and serve.applications("one") == {"a": "DEPLOYING"}
+        one.scale_deployment("a", "d", 1)
+        assert one.deployment_targets() == {("a", "d"): 1} and serve.applications("one") == {"a": "RUNNING"}
+        assert d.scales("one") == [("a", "d", 1)]
+        with pytest.raises(ServeClientError, match="HTTP 404"):
+            one.scale_deployment("a", "nope", 0)
+        with pytest.raises(ServeClientError, match="HTTP 503"):
+            client("two", "s3cret").scale_deployment("a", "d", 0)
+        assert client("two", "s3cret").deployment_targets() == {}
+        with pytest.raises(ServeClientError, match="HTTP 403"):
+            client("one", "wrong").scale_deployment("a", "d", 0)
+        assert serve.target("one", "a", "d") == 1
+    finally:
+        for c in clients:
+            c.close()
+        d.stop()

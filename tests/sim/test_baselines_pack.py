@@ -140,6 +140,6 @@ def test_clairvoyant_prices_its_plan_as_it_packs_so_a_few_replicas_do_not_buy_an
     """Per replica an H100 on a full p5.48xlarge is cheap; a plan of a few replicas still pays the whole node.
     The bound picks the flavor whose per-minute plan costs least as packed, measuring both kinds of candidate."""
     cat = CAT.subset([MODEL], ["h100", "l40s"])
-    sim, r = _run(cat, STEADY, pol := ClairvoyantPolicy())
+    _, r = _run(cat, STEADY, pol := ClairvoyantPolicy())
     assert pol.flavor == "l40s" and r.extra["reached_goal"]
     assert r.cost_usd < NODE_USD_H * r.sim_s / 3600  # less than one p5.48xlarge over the run

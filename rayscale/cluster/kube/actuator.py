@@ -62,9 +62,11 @@ rebuilds and re-submissions keep them. During an upgrade (an active and a pendin
 gang of the active cluster gets a twin for the pending one (same model, flavor, zone, capacity type
 and instance type, and gang slot; ``rayscale.io/twin-of``), whose Nodes the pending cluster's worker
 groups are sized to; twins are not reported to the controller. A twin that fails is released and made
-again only ``twin_backoff_s`` later (its zone backed off, as decide() does). KubeRay moves traffic once the pending cluster
-serves every target; from then on the twins are the controller's gangs, and the old cluster's gangs
-are released once KubeRay deleted that cluster's pods. When no cluster is named, or the RayService is
+again only ``twin_backoff_s`` later (its zone backed off, as decide() does). ``sync_serve_targets`` also
+sets every Serve target (zeros included, which ``serveConfigV2`` cannot carry) on a pending cluster
+through that cluster's dashboard (``cluster_dashboard``), as nobody else scales it. KubeRay moves
+traffic once the pending cluster serves every target; from then on the twins are the controller's
+gangs, and the old cluster's gangs are released once KubeRay deleted that cluster's pods. When no cluster is named, or the RayService is
 missing, the pass raises ``KubeError`` (and says why in ``last_errors``): no view, no decision.
 """
 
@@ -76,6 +78,8 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
 
 from rayscale.extras import missing_extra
 
@@ -124,6 +128,7 @@ from rayscale.cluster.kube.rayservice import (
     with_serve_targets,
 )
 from rayscale.cluster.kube.slots import slot_flavor, slot_group_name
+from rayscale.controller.serve_client import ServeClient, ServeClientError
 from rayscale.core.act import CreateGang, Gang, GangPhase
 from rayscale.core.catalog import Catalog
 from rayscale.serve.config import LABEL_GANG_SLOT
@@ -156,6 +161,13 @@ class KubeActuatorConfig:
     # A twin gang for a pending cluster that failed is made again only this long after (in its
     # (flavor, zone, capacity type)), as decide() backs off a failed gang's zone (ActSettings.backoff_s).
     twin_backoff_s: float = 300.0
+    # The Ray dashboard of a RayCluster, ``{cluster}`` and ``{namespace}`` filled in: KubeRay's head
+    # Service of that cluster (utils.GenerateHeadServiceName / GenerateFQDNServiceName in
+    # ray-operator/controllers/ray/utils/util.go; KubeRay reaches a pending cluster's dashboard so too).
+    # The actuator sets a pending cluster's Serve targets there (``sync_serve_targets``).
+    cluster_dashboard: str = "http://{cluster}-head-svc.{namespace}.svc.cluster.local:8265"
+    # Bounded per request: an unanswering pending cluster must not stall the controller's period.
+    dashboard_timeout_s: float = 5.0
 
 
 def _cond(obj: Obj, type_: str) -> Obj | None:
@@ -599,24 +611,69 @@ class KubeActuator:
             return False
 
     def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
-        """Serve's replica targets (application -> deployment -> replicas) into the RayService's
-        ``serveConfigV2``, so that KubeRay's re-submissions keep them and a pending cluster asks for all
-        of them before it takes traffic. Errors as text (the next period writes again)."""
+        """Serve's replica targets (application -> deployment -> replicas, zeros included) into the
+        RayService's ``serveConfigV2``, so that KubeRay's re-submissions keep them and a pending cluster
+        asks for all of them before it takes traffic; and onto a pending cluster's Serve through its
+        dashboard (``_scale_pending``). Errors as text (the next period writes again)."""
         if not self.config.rayservice:
             return []
+        errors, clusters = self._write_serve_targets(targets)
+        if clusters is not None and clusters.pending:
+            errors += self._scale_pending(clusters.pending, targets)
+        return errors
+
+    def _write_serve_targets(self, targets: dict[str, dict[str, int]]) -> tuple[list[str], ServiceClusters | None]:
+        """``targets`` into ``serveConfigV2``; the errors, and the clusters the RayService names."""
+        clusters = None
         try:
             for _ in range(self.config.conflict_retries):
                 rs = self._rayservice()
+                clusters = ServiceClusters.of(rs)
                 spec = rs.setdefault("spec", {})
                 text = with_serve_targets(str(spec.get("serveConfigV2") or ""), targets)
                 if text is None:
-                    return []
+                    return [], clusters
                 spec["serveConfigV2"] = text
                 if self._update_rayservice(rs, "serveConfigV2"):
-                    return []
-            return list(self.last_errors[-1:])
+                    return [], clusters
+            return list(self.last_errors[-1:]), clusters
         except (ApiException, KubeError) as e:
-            return [f"writing serve targets into the RayService: {e}"]
+            return [f"writing serve targets into the RayService: {e}"], clusters
+
+    def _scale_pending(self, cluster: str, targets: dict[str, dict[str, int]]) -> list[str]:
+        """Set every target on the pending ``cluster``'s Serve through its dashboard's external scaler
+        (only those that differ there).
+
+        A deployment at 0 cannot be in ``serveConfigV2`` (Ray's DeploymentSchema: num_replicas >= 1), so
+        the pending cluster deploys it at the application's own count (>= 1) and, with no node for that
+        replica (twins follow the active cluster's gangs only), its application stays DEPLOYING; KubeRay
+        moves traffic only once every application is RUNNING (``getAndCheckServeStatus``), so without this
+        the upgrade (and a first deploy) never completes. The controller's own ServeClient reads the
+        RayService's Service, which points at the active cluster: nobody else scales the pending one.
+        Until Serve there has the application (head starting: connection refused; config not applied
+        yet: 404/412/503), the error is returned and the next period tries again."""
+        url = self.config.cluster_dashboard.format(cluster=cluster, namespace=self.config.namespace)
+        where = f"Serve targets on pending cluster {cluster} ({url})"
+        try:
+            serve = ServeClient(url, timeout_s=self.config.dashboard_timeout_s)
+        except ServeClientError as e:  # a Ray token configured but unreadable
+            return [f"{where}: {e}"]
+        errors: list[str] = []
+        try:
+            have = serve.deployment_targets()
+            for app, deps in sorted(targets.items()):
+                if not any(a == app for a, _ in have):
+                    errors.append(f"{where}: application {app} not deployed there yet")
+                    continue
+                for dep, n in sorted(deps.items()):
+                    # A deployment the application there does not build has no target to set.
+                    if (app, dep) in have and have[(app, dep)] != n:
+                        serve.scale_deployment(app, dep, n)
+        except (ServeClientError, httpx.HTTPError) as e:
+            errors.append(f"{where}: {e}")
+        finally:
+            serve.close()
+        return errors
 
     def _labels_of(self, a: CreateGang) -> dict[str, str]:
         created = self._created_s.get(a.name)

@@ -19,6 +19,9 @@ hash, ``utils/util.go`` ``GenerateHashWithoutReplicasAndWorkersToDelete``, so wr
 upgrade) and the Serve replica targets as ``num_replicas`` of the deployments in ``serveConfigV2``.
 Then a rebuild keeps every worker pod, a re-submission keeps every target, and a pending cluster
 asks Serve for every replica rayscale runs, so KubeRay moves traffic only once it serves all of them.
+A target of 0 cannot be written (Ray's DeploymentSchema: num_replicas >= 1): the pending cluster
+deploys such a deployment at the application's own count, and ``KubeActuator.sync_serve_targets``
+scales it there through that cluster's dashboard.
 The helpers here are pure; ``KubeActuator`` reads and writes the objects.
 """
 
