@@ -43,6 +43,12 @@ class Actuator(Protocol):
         and return []. Errors as text: the next period writes again."""
         ...
 
+    def serve_dashboard(self) -> str | None:
+        """The Ray dashboard Serve is read and scaled through now, where the platform moves it (a RayService's
+        driven cluster: the active one, or the pending one on first deploy, before KubeRay makes the
+        RayService's own Service); None: the one the controller was given. A read: it changes nothing."""
+        ...
+
     def close(self) -> None: ...
 
 

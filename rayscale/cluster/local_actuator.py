@@ -216,6 +216,9 @@ class LocalActuator:
             notes.append(f"resumed {name}: {len(nodes)} of {size} nodes had started")
         return notes
 
+    def serve_dashboard(self) -> str | None:
+        return None  # the local cluster's dashboard never moves
+
     def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
         return []  # Serve on a local cluster keeps its own targets: nothing re-submits its config
 

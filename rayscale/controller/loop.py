@@ -144,10 +144,13 @@ class Controller:
                             self.catalog.models, fast_window_s=cfg.fast_window_s,
                             mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s)
         signals = {m: self._with_arrivals(sig) for m, sig in signals.items()}
+        gangs = self.actuator.gangs(t0)
+        moved_to = self.actuator.serve_dashboard()
+        if moved_to and moved_to != self.serve.url:
+            self.serve.point_at(moved_to)
         serve = self.serve.snapshot()
         if not serve.ok:
             errors.append(serve.error)
-        gangs = self.actuator.gangs(t0)
         if serve.ok:
             gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
         else:

@@ -92,6 +92,10 @@ class ServeClient:
     def close(self) -> None:
         self._http.close()
 
+    def point_at(self, dashboard_url: str) -> None:
+        """Read and scale Serve through another dashboard from now on (a RayService's driven cluster moved)."""
+        self.url = dashboard_url.rstrip("/")
+
     def snapshot(self) -> ServeSnapshot:
         try:
             r = self._http.get(f"{self.url}/api/serve/applications/")

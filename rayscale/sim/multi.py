@@ -147,6 +147,9 @@ class FleetProvider:
         for p in self.providers.values():  # idempotent: only the cloud holding the name acts
             p.delete_gang(name)
 
+    def serve_dashboard(self) -> str | None:
+        return None  # Serve lives in the simulated cluster itself
+
     def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
         return []  # Serve's targets live in the simulated cluster itself
 

@@ -48,6 +48,9 @@ class SimProvider:
     def delete_gang(self, name: str) -> None:
         self.cluster.delete_named(name, self.now)
 
+    def serve_dashboard(self) -> str | None:
+        return None  # Serve lives in the simulated cluster itself
+
     def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
         return []  # Serve's targets live in the simulated cluster itself
 

@@ -357,6 +357,36 @@ def test_an_upgrade_waits_for_the_pending_cluster_to_run_the_targets_kept_at_zer
     assert serve.applications(second) == {APP: "RUNNING"}
 
 
+def test_on_first_deploy_the_controller_reads_and_scales_serve_on_the_pending_clusters_own_service(
+    served: tuple[World, RayServiceStandIn, ServeModel], dashboards: ServeDashboards
+) -> None:
+    """KubeRay makes the RayService's own head Service only once a cluster serves
+    (reconcileServicesToReadyCluster), so a controller that read Serve only there would never see Serve on a
+    first deploy, skip every act, and the cluster would never get the gangs it needs to serve: a deadlock.
+    The controller follows the actuator to the driven cluster's own head Service (Actuator.serve_dashboard):
+    its snapshot works, it orders the gangs and scales the pending cluster's deployments."""
+    from rayscale.controller.serve_client import ServeClient
+    from rayscale.signals.scrape import MetricsScraper
+
+    w, rsc, _ = served
+    assert w.act is not None
+    given = f"http://127.0.0.1:{closed_port()}"  # the RayService's Service: not there before a cluster serves
+    client = ServeClient(given, timeout_s=1.0)
+    ctl = Controller(w.catalog, w.act, client, MetricsScraper(lambda: []), ControllerConfig(app_name=APP),
+                     clock=w.clock.now)
+    until(w, rsc, lambda gs: pending(w) != "", what="a first (pending) cluster named")
+    first = pending(w)
+    records = []
+    for _ in range(6):
+        tick(w, rsc)
+        records.append(ctl.reconcile())
+    assert active(w) == "" and pending(w) == first  # still the first deploy
+    assert client.url == dashboards.template.format(cluster=first, namespace=NS)
+    assert not any("act skipped" in e for r in records for e in r.errors), [r.errors for r in records]
+    assert any(a["type"] == "CreateGang" for r in records for a in r.actions)  # min_replicas' first gangs
+    assert dashboards.scales(first)  # its deployments set through its own dashboard
+
+
 def test_editing_the_rayservice_to_append_a_worker_group_keeps_every_worker(
     served: tuple[World, RayServiceStandIn, ServeModel]
 ) -> None:

@@ -610,6 +610,14 @@ class KubeActuator:
             self.last_errors.append(f"RayService changed while writing its {what}: written next time")
             return False
 
+    def serve_dashboard(self) -> str | None:
+        """With a RayService: the dashboard of the cluster the last pass drove (``cluster_dashboard``), KubeRay's
+        head Service of that RayCluster, which exists from the cluster's creation on (the RayService's own
+        Service only once a cluster serves: reconcileServicesToReadyCluster in rayservice_controller.go)."""
+        if not self.config.rayservice or self._clusters is None or not self._clusters.primary:
+            return None
+        return self.config.cluster_dashboard.format(cluster=self._clusters.primary, namespace=self.config.namespace)
+
     def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
         """Serve's replica targets (application -> deployment -> replicas, zeros included) into the
         RayService's ``serveConfigV2``, so that KubeRay's re-submissions keep them and a pending cluster
