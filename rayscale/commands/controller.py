@@ -127,11 +127,15 @@ def run(args: argparse.Namespace) -> int:
 
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         leader = LeaderElection(client.CoordinationV1Api(client.ApiClient()), args.namespace, identity).hold
-    ray.init(address=address, logging_level=logging.ERROR)
-    serve_client, scraper = ServeClient(dashboard), MetricsScraper()
+    follow = args.actuator == "kube" and args.rayservice is not None and not args.ray_address
+    if not follow:
+        ray.init(address=address, logging_level=logging.ERROR)
+    serve_client, scraper = ServeClient(dashboard), MetricsScraper(_connected_endpoints)
     ctl = Controller(cat, actuator, serve_client, scraper,
                      ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log)),
                      weights_sink=set_flavor_weights, leader=leader)
+    if follow:  # a RayService's cluster changes at every upgrade: the Ray driver follows Serve there
+        ctl.on_serve_moved(_reconnect_ray)
     from rayscale.controller.metrics import ControllerMetrics
 
     metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0")
@@ -151,6 +155,28 @@ def run(args: argparse.Namespace) -> int:
         print("rayscale controller: SIGTERM: stopped after the current period, closed the actuator; "
               "gangs and replicas left running", flush=True)
     return 0
+
+
+def _connected_endpoints() -> list[str]:
+    """The Ray nodes' metrics URLs once the driver is connected; none before (missing metrics, never zero)."""
+    import ray
+
+    from rayscale.signals.scrape import ray_metrics_endpoints
+
+    return ray_metrics_endpoints() if ray.is_initialized() else []
+
+
+def _reconnect_ray(dashboard_url: str) -> None:
+    """The Ray driver (node discovery for metrics, the ingress's routing-weight store) on the cluster whose
+    dashboard Serve is now read from: its GCS is on the same head Service, port 6379."""
+    import logging
+    from urllib.parse import urlparse
+
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address=f"{urlparse(dashboard_url).hostname}:6379", logging_level=logging.ERROR)
 
 
 def _stop_on_sigterm(ctl: Any, got: threading.Event) -> None:

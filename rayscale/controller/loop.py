@@ -124,11 +124,17 @@ class Controller:
         # rayscale.cluster.kube.lease); a replica that does not hold it waits and changes nothing.
         self.leader = leader
         self._weights: dict[str, dict[str, float]] = {}
+        self._on_moved: list[Callable[[str], None]] = []
         # Per gang-slot flavor, the 0-or-1 target of each slot deployment as last set (what KubeRay keeps).
         self._slot_targets: dict[tuple[str, str], dict[int, int]] = {}
 
     def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
         self._listeners.append(fn)
+
+    def on_serve_moved(self, fn: Callable[[str], None]) -> None:
+        """``fn(dashboard_url)`` when the cluster Serve is read from moves (Actuator.serve_dashboard): a
+        RayService's first cluster, then each cut-over; the command reconnects its Ray driver there."""
+        self._on_moved.append(fn)
 
     # --- one period -----------------------------------------------------------------------------------
     def reconcile(self) -> DecisionRecord:
@@ -148,6 +154,11 @@ class Controller:
         moved_to = self.actuator.serve_dashboard()
         if moved_to and moved_to != self.serve.url:
             self.serve.point_at(moved_to)
+            for fn in self._on_moved:
+                try:
+                    fn(moved_to)
+                except Exception as e:  # the next move tries again; this period reads what it can
+                    errors.append(f"following the driven cluster to {moved_to}: {e}")
         serve = self.serve.snapshot()
         if not serve.ok:
             errors.append(serve.error)
