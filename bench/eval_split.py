@@ -35,10 +35,12 @@ from typing import Any
 
 from bench.common import ROOT, machine, span
 from rayscale.config import load_catalog
+from rayscale.core.catalog import Catalog
 from rayscale.sim.baselines import on_demand_only
 from rayscale.sim.policies import POLICIES
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import WARMUP_SEED_OFFSET, load_spec, with_warmup_draw
+from rayscale.sim.trace import Trace
 
 MODEL = "mistral-7b"
 DECLARED = "rayscale+mix"  # the product with a request_mix declared from another draw of the traffic
@@ -55,13 +57,20 @@ CASES: list[tuple[str, str, str, float, float]] = [
 ]
 
 
-def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
-    _, label, spec, ts, rs = CASES[case]
+def case_run(case: int, seed: int, steady: bool) -> tuple[Catalog, Trace, float]:
+    """The catalog, the ``seed``-th draw of a case's traffic and its unscored warm-up (steady state: after
+    another draw of the same traffic; from cold: none)."""
+    _, _, spec, ts, rs = CASES[case]
     cat = on_demand_only(load_catalog().subset([MODEL]))
     if steady:
         trace, warm = with_warmup_draw(spec, seed, ts, rs)
-    else:
-        trace, warm = load_spec(spec, seed, ts, rs, resample=True), 0.0
+        return cat, trace, warm
+    return cat, load_spec(spec, seed, ts, rs, resample=True), 0.0
+
+
+def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
+    _, label, spec, ts, rs = CASES[case]
+    cat, trace, warm = case_run(case, seed, steady)
     cfg = SimConfig(model=MODEL, seed=seed, warmup_s=warm, same_start=not steady)
     # What an operator could declare before this traffic: the request shape of another day (another draw).
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()

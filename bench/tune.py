@@ -25,12 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, span
-from bench.eval_split import CASES, MODEL
-from rayscale.config import load_catalog
+from bench.eval_split import CASES, MODEL, case_run
 from rayscale.core.settings import Settings
-from rayscale.sim.baselines import on_demand_only
 from rayscale.sim.simulator import SimConfig, simulate
-from rayscale.sim.sources import load_spec, with_warmup_draw
 from rayscale.tables import format_table
 
 SHIPPED = "shipped"
@@ -51,12 +48,7 @@ def variants() -> dict[str, Settings]:
 
 
 def one(variant: str, case: int, seed: int, steady: bool) -> dict[str, Any]:
-    _, _, spec, ts, rs = CASES[case]
-    cat = on_demand_only(load_catalog().subset([MODEL]))
-    if steady:
-        trace, warm = with_warmup_draw(spec, seed, ts, rs)
-    else:
-        trace, warm = load_spec(spec, seed, ts, rs, resample=True), 0.0
+    cat, trace, warm = case_run(case, seed, steady)
     t0 = time.perf_counter()
     r = simulate(cat, trace, "rayscale", SimConfig(model=MODEL, seed=seed, warmup_s=warm,
                                                   settings=variants()[variant]))

@@ -13,6 +13,8 @@ from rayscale_testing.kubeapi import KubeAPIServer
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog
 
+from .kubeworld import NS, World, make_world
+
 
 @dataclass
 class Clients:
@@ -44,3 +46,16 @@ def k8s(api: KubeAPIServer) -> Iterator[Clients]:
         yield Clients(c, client.CoreV1Api(c), client.CustomObjectsApi(c), client.AppsV1Api(c))
     finally:
         c.close()
+
+
+@pytest.fixture
+def world(catalog: Catalog) -> Iterator[World]:
+    """The rendered manifests on an emulator, with the Karpenter and KubeRay stand-ins and an actuator
+    (a module may override it with its own set-up)."""
+    api = KubeAPIServer(default_watch_timeout=10, namespaces=("default", NS)).start()
+    w = make_world(api, catalog)
+    try:
+        yield w
+    finally:
+        w.close()
+        api.stop()

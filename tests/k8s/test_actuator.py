@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import yaml
-from rayscale_testing.kubeapi import KubeAPIServer
 
 from rayscale.cluster.kube import KubeError
 from rayscale.cluster.render import CLUSTER_RULES, NAMESPACE_RULES
 from rayscale.core.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
-from rayscale.core.catalog import Catalog
 
-from .kubeworld import NS, RC, World, make_world, rendered
+from .kubeworld import NS, RC, World, rendered
 
 BIG = ("qwen2-72b", "a10g", "on-demand")  # TP4 x PP2 on A10G: two g5.12xlarge per gang
 # A gang of BIG spans nodes: it runs in the worker group of its gang slot (rayscale.cluster.kube.slots).
 GROUP = "a10g-g5-12xlarge-qwen2-72b-slot0"  # the first gang's
 GROUP1 = "a10g-g5-12xlarge-qwen2-72b-slot1"  # a second gang's
-
-
-@pytest.fixture
-def world(catalog: Catalog) -> Iterator[World]:
-    api = KubeAPIServer(default_watch_timeout=10, namespaces=("default", NS)).start()
-    w = make_world(api, catalog)
-    try:
-        yield w
-    finally:
-        w.close()
-        api.stop()
 
 
 def created_claims(w: World) -> int:

@@ -4,11 +4,7 @@ the ones the slot's Serve deployment selects, and whose pods select the Nodes of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from ray._private.label_utils import parse_node_labels_string, validate_node_labels
-from rayscale_testing.kubeapi import KubeAPIServer
 from rayscale_testing.raypods import ray_node_labels
 
 from rayscale.cluster import crdschema
@@ -18,7 +14,7 @@ from rayscale.core.act import CreateGang, GangPhase
 from rayscale.core.catalog import Catalog
 from rayscale.serve.config import slot_deployment_name, slot_label_selector, validate_serve_config
 
-from .kubeworld import NS, World, make_world, rendered, rendered_raycluster
+from .kubeworld import World, rendered, rendered_raycluster
 from .test_actuator import BIG, act, created_claims
 
 SLOT = "rayscale.io/gang-slot"
@@ -91,17 +87,6 @@ def test_a_long_name_still_makes_a_valid_group_name() -> None:
 
 
 # --- the actuator ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def world(catalog: Catalog) -> Iterator[World]:
-    api = KubeAPIServer(default_watch_timeout=10, namespaces=("default", NS)).start()
-    w = make_world(api, catalog)
-    try:
-        yield w
-    finally:
-        w.close()
-        api.stop()
 
 
 def test_two_gangs_get_slots_0_and_1_their_nodes_carry_them_and_each_slot_group_runs_its_gang(world: World) -> None:
