@@ -47,12 +47,10 @@ TRAFFIC: dict[str, tuple[str, int]] = {"mistral-7b": (AZURE, 0), "qwen2-7b": (AZ
 FINDINGS = """\
 ## Reading the tables
 
-- From cold the 72B misses most: its plan swaps a100 for l40s about 20 minutes in, and the act step
-  (rayscale.core.act.decide) drains the a100 replica as soon as the l40s gang's node is Ready, not once the
-  new replica has loaded the model (420 s for the 72B), so for several minutes nothing serves it. A lone
-  run shows the same (`rayscale simulate --model qwen2-72b --trace gen:diurnal:base=0.1,peak=0.6,hours=1,\
-period_h=1 --on-demand-only --policy rayscale --seed 0`: 69.98%): the gap is make-before-break counting a
-  Ready gang as serving, not the models sharing a cloud.
+- From cold the 7B models miss the first start-up (the Azure bursts come before a second replica can start:
+  82-83%); the 72B reaches 99.9%. Its plan swaps a100 for l40s about 20 minutes in; make before break
+  (rayscale.core.act.decide) keeps the a100 replica serving until the l40s replica is RUNNING in Serve, not
+  only until its node is Ready (a run before that fix lost several minutes of service there: 78.0% mean).
 - No NodePool limit binds with this traffic (the tests bind one on purpose: tests/sim/test_multi_model.py).
 - `stock` on the 7B models is Ray Serve's policy on l40s with target_ongoing_requests at 75% of the
   estimator's concurrency; it queues on the Azure bursts as it does alone (bench.eval_split).
