@@ -34,7 +34,7 @@ from rayscale.core.signals import ModelSignals
 from rayscale.core.step import ServeView, StepContext, StepState, step
 from rayscale.sim.fleet_act import start_warm
 from rayscale.sim.policies import Policy, StockConfig, make_policy
-from rayscale.sim.provider import SimProvider
+from rayscale.sim.provider import SimProvider, SimulatedServe
 from rayscale.sim.simulator import SimConfig, SimResult, Simulation
 from rayscale.sim.trace import Trace
 
@@ -126,7 +126,7 @@ class _Usage:
         return tuple(out)
 
 
-class FleetProvider:
+class FleetProvider(SimulatedServe):
     """One provider over every model's simulated cloud: the controller's single actuator and Serve view,
     each gang and replica target routed to its model's ``SimProvider``."""
 
@@ -146,15 +146,6 @@ class FleetProvider:
     def delete_gang(self, name: str) -> None:
         for p in self.providers.values():  # idempotent: only the cloud holding the name acts
             p.delete_gang(name)
-
-    def serve_dashboard(self) -> str | None:
-        return None  # Serve lives in the simulated cluster itself
-
-    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
-        return []  # Serve's targets live in the simulated cluster itself
-
-    def close(self) -> None:
-        return None
 
     def serve_view(self) -> ServeView:
         target: dict[tuple[str, str], int] = {}

@@ -21,7 +21,21 @@ from rayscale.sim.cloud import Cluster, GangState
 _PENDING = (GangState.WAITING, GangState.PROVISIONING)
 
 
-class SimProvider:
+class SimulatedServe:
+    """The Actuator methods of a provider whose Serve lives in the simulated cluster itself: nothing moves,
+    nothing re-submits its config, nothing to close."""
+
+    def serve_dashboard(self) -> str | None:
+        return None
+
+    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+class SimProvider(SimulatedServe):
     def __init__(self, cluster: Cluster, model: str) -> None:
         self.cluster = cluster
         self.model = model
@@ -47,15 +61,6 @@ class SimProvider:
 
     def delete_gang(self, name: str) -> None:
         self.cluster.delete_named(name, self.now)
-
-    def serve_dashboard(self) -> str | None:
-        return None  # Serve lives in the simulated cluster itself
-
-    def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
-        return []  # Serve's targets live in the simulated cluster itself
-
-    def close(self) -> None:
-        return None
 
     def serve_view(self) -> ServeView:
         running: dict[tuple[str, str], int] = {}

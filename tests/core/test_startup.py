@@ -4,6 +4,7 @@ choices map to the start-up they imply."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,15 +32,19 @@ def test_every_shipped_offering_splits_its_start_up_into_sourced_parts_that_sum_
     assert "kuberay#4226" in CAT.flavors["a10g"].startup.image_pull.source  # type: ignore[union-attr]
 
 
-def _write_catalog(tmp: Path, edit_profile=None, edit_flavor=None) -> dict[str, Path]:
+def _write_catalog(tmp: Path, edit_profile=None, edit_flavor=None, edit_both=None) -> dict[str, Path]:
+    """The shipped profiles and flavors files, edited, in ``tmp`` (``edit_both`` sees both: key -> data)."""
     paths = default_paths()
-    out = {}
+    data = {key: yaml.safe_load(paths[key].read_text()) for key in ("profiles", "flavors")}
     for key, edit in (("profiles", edit_profile), ("flavors", edit_flavor)):
-        data = yaml.safe_load(paths[key].read_text())
         if edit is not None:
-            edit(data)
+            edit(data[key])
+    if edit_both is not None:
+        edit_both(data)
+    out = {}
+    for key, d in data.items():
         out[key] = tmp / f"{key}.yaml"
-        out[key].write_text(yaml.safe_dump(data))
+        out[key].write_text(yaml.safe_dump(d))
     return out
 
 
@@ -55,29 +60,29 @@ def test_parts_that_do_not_sum_to_startup_s_are_refused_naming_the_profile(tmp_p
         load_catalog(profiles=p["profiles"], flavors=p["flavors"])
 
 
-def test_a_negative_part_or_a_part_without_source_is_an_error_naming_file_and_field(tmp_path: Path) -> None:
-    def negative(d: dict) -> None:
-        st = dict(_profile(d, "mistral-7b", "l4")["startup"])
-        st["engine_start"] = {"s": -5, "source": "estimate: a typo"}
-        _profile(d, "mistral-7b", "l4")["startup"] = st
-    p = _write_catalog(tmp_path, edit_profile=negative)
-    with pytest.raises(CatalogError, match=r"profiles\.yaml: profiles\[\d+\]\.startup\.engine_start\.s: "
-                                           r"Input should be greater than or equal to 0"):
-        load_catalog(profiles=p["profiles"], flavors=p["flavors"])
+def _negative_engine_start(d: dict) -> None:
+    st = dict(_profile(d["profiles"], "mistral-7b", "l4")["startup"])
+    st["engine_start"] = {"s": -5, "source": "estimate: a typo"}
+    _profile(d["profiles"], "mistral-7b", "l4")["startup"] = st
 
-    def unsourced(d: dict) -> None:
-        fl = next(f for f in d["flavors"] if f["name"] == "l4")
-        fl["startup"] = {**fl["startup"], "image_pull": {"s": 120}}
-    p = _write_catalog(tmp_path, edit_flavor=unsourced)
-    with pytest.raises(CatalogError, match=r"flavors\.yaml: flavors\[\d+\]\(l4\)\.startup\.image_pull\.source: "
-                                           r"Field required"):
-        load_catalog(profiles=p["profiles"], flavors=p["flavors"])
 
-    def vague(d: dict) -> None:
-        fl = next(f for f in d["flavors"] if f["name"] == "l4")
-        fl["startup"] = {**fl["startup"], "image_pull": {"s": 120, "source": "trust me"}}
-    p = _write_catalog(tmp_path, edit_flavor=vague)
-    with pytest.raises(CatalogError, match=r"\(l4\)\.startup\.image_pull\.source: .*must start with one of"):
+def _l4_image_pull(part: dict) -> object:
+    def edit(d: dict) -> None:
+        fl = next(f for f in d["flavors"]["flavors"] if f["name"] == "l4")
+        fl["startup"] = {**fl["startup"], "image_pull": part}
+    return edit
+
+
+@pytest.mark.parametrize(("edit", "error"), [
+    (_negative_engine_start,
+     r"profiles\.yaml: profiles\[\d+\]\.startup\.engine_start\.s: Input should be greater than or equal to 0"),
+    (_l4_image_pull({"s": 120}), r"flavors\.yaml: flavors\[\d+\]\(l4\)\.startup\.image_pull\.source: Field required"),
+    (_l4_image_pull({"s": 120, "source": "trust me"}), r"\(l4\)\.startup\.image_pull\.source: .*must start with one of"),
+], ids=["negative", "unsourced", "vague source"])
+def test_a_negative_part_or_a_part_without_source_is_an_error_naming_file_and_field(
+        tmp_path: Path, edit: Any, error: str) -> None:
+    p = _write_catalog(tmp_path, edit_both=edit)
+    with pytest.raises(CatalogError, match=error):
         load_catalog(profiles=p["profiles"], flavors=p["flavors"])
 
 
