@@ -125,6 +125,7 @@ class Controller:
         self.leader = leader
         self._weights: dict[str, dict[str, float]] = {}
         self._on_moved: list[Callable[[str], None]] = []
+        self._followed: str | None = None  # the dashboard every on_serve_moved listener has followed to
         # Per gang-slot flavor, the 0-or-1 target of each slot deployment as last set (what KubeRay keeps).
         self._slot_targets: dict[tuple[str, str], dict[int, int]] = {}
 
@@ -152,13 +153,14 @@ class Controller:
         signals = {m: self._with_arrivals(sig) for m, sig in signals.items()}
         gangs = self.actuator.gangs(t0)
         moved_to = self.actuator.serve_dashboard()
-        if moved_to and moved_to != self.serve.url:
+        if moved_to and moved_to != self._followed:
             self.serve.point_at(moved_to)
-            for fn in self._on_moved:
-                try:
+            try:
+                for fn in self._on_moved:
                     fn(moved_to)
-                except Exception as e:  # the next move tries again; this period reads what it can
-                    errors.append(f"following the driven cluster to {moved_to}: {e}")
+                self._followed = moved_to
+            except Exception as e:  # a head not up yet: the next period tries again
+                errors.append(f"following the driven cluster to {moved_to}: {e}")
         serve = self.serve.snapshot()
         if not serve.ok:
             errors.append(serve.error)

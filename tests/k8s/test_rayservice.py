@@ -375,7 +375,13 @@ def test_on_first_deploy_the_controller_reads_and_scales_serve_on_the_pending_cl
     ctl = Controller(w.catalog, w.act, client, MetricsScraper(lambda: []), ControllerConfig(app_name=APP),
                      clock=w.clock.now)
     moved: list[str] = []  # where the command reconnects its Ray driver (metrics discovery, weights)
-    ctl.on_serve_moved(moved.append)
+
+    def follow(url: str) -> None:
+        moved.append(url)
+        if len(moved) == 1:
+            raise ConnectionError("head pod not up yet")  # the next period tries again
+
+    ctl.on_serve_moved(follow)
     until(w, rsc, lambda gs: pending(w) != "", what="a first (pending) cluster named")
     first = pending(w)
     records = []
@@ -383,7 +389,9 @@ def test_on_first_deploy_the_controller_reads_and_scales_serve_on_the_pending_cl
         tick(w, rsc)
         records.append(ctl.reconcile())
     assert active(w) == "" and pending(w) == first  # still the first deploy
-    assert client.url == dashboards.template.format(cluster=first, namespace=NS) and moved == [client.url]
+    assert client.url == dashboards.template.format(cluster=first, namespace=NS)
+    assert moved == [client.url, client.url]  # failed once, followed the next period, then left alone
+    assert sum("following the driven cluster" in e for r in records for e in r.errors) == 1
     assert not any("act skipped" in e for r in records for e in r.errors), [r.errors for r in records]
     assert any(a["type"] == "CreateGang" for r in records for a in r.actions)  # min_replicas' first gangs
     assert dashboards.scales(first)  # its deployments set through its own dashboard

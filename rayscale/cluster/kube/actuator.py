@@ -656,8 +656,9 @@ class KubeActuator:
         the pending cluster deploys it at the application's own count (>= 1) and, with no node for that
         replica (twins follow the active cluster's gangs only), its application stays DEPLOYING; KubeRay
         moves traffic only once every application is RUNNING (``getAndCheckServeStatus``), so without this
-        the upgrade (and a first deploy) never completes. The controller's own ServeClient reads the
-        RayService's Service, which points at the active cluster: nobody else scales the pending one.
+        the upgrade never completes. During an upgrade the controller's own ServeClient follows the active
+        cluster (``serve_dashboard``): nobody else scales the pending one. On a first deploy the pending
+        cluster is the driven one, which the controller scales too; reading first, this then sets nothing.
         Until Serve there has the application (head starting: connection refused; config not applied
         yet: 404/412/503), the error is returned and the next period tries again."""
         url = self.config.cluster_dashboard.format(cluster=cluster, namespace=self.config.namespace)
