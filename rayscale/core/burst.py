@@ -8,8 +8,9 @@ that chases each spike orders capacity that lands after it.
 ``burst_rate`` replays the arrival counts of the last hour through one FIFO queue drained at C requests/s
 (a fluid queue: arrivals spread evenly over each bin) and returns the smallest C at which all but
 ``1 - attainment`` of the requests waited at most the TTFT target (``missed_share``). C is a drain rate:
-what replicas start once a queue has built, flat out (rayscale.core.estimate.drain_rps), not their capacity
-at the SLO, which keeps latency margin for Poisson arrivals. rayscale.core.estimate reports it as
+what replicas start once a queue has built, as fast as the TPOT target lets them
+(rayscale.core.estimate.drain_rps), not their capacity at the SLO, which keeps latency margin for Poisson
+arrivals. rayscale.core.estimate reports it as
 ``Demand.burst_rps`` (with ``EstimateSettings.burst_floor``) and rayscale.core.plan holds replicas that
 drain it. On Poisson load it is about the mean rate, which the replica capacity model already covers with
 margin; it matters for load burstier than Poisson on the scale of seconds.

@@ -516,7 +516,7 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
         got = _cached_shape(catalog, shapes, fname, par)
         if isinstance(got, str):
             continue
-        drain[fname] = drain_rps(catalog.profile(model, fname), mix, cap.batch)
+        drain[fname] = drain_rps(catalog.profile(model, fname), mix, cap.batch, spec.slo.tpot_p95_s)
         slots[fname] = got[0].slots
         offers += [(fname, ct, price, cap.rps, True) for ct, _, price in got[1]]
     # Valued at what serving the demand on each flavor costs in whole gangs: a share of an 8-GPU node is

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rayscale.config import load_catalog
 from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, missed_share
 from rayscale.core.catalog import Catalog, RequestMixSpec
-from rayscale.core.estimate import EstimateSettings, drain_rps, estimate
+from rayscale.core.estimate import EstimateSettings, drain_rps, estimate, tpot_at
 from rayscale.core.plan import plan
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 
@@ -119,16 +119,29 @@ def test_a_replica_drains_a_queue_faster_than_its_capacity_at_the_slo() -> None:
                     seen += 1
                     # Equal where the KV cache bounds both (long answers): the batch at capacity is already full.
                     # d.mix: the mix cut at the model's max_model_len, which the capacity is for.
-                    assert drain_rps(cat.profile(name, f), d.mix, c.batch) >= 0.98 * c.rps, (name, f, d.mix)
+                    tpot = cat.models[name].slo.tpot_p95_s
+                    assert drain_rps(cat.profile(name, f), d.mix, c.batch, tpot) >= 0.98 * c.rps, (name, f, d.mix)
     assert seen > 20
 
 
 def test_a_smaller_chunk_or_a_full_kv_cache_drains_slower() -> None:
     p = load_catalog().profile("mistral-7b", "l40s")
     mix = RequestMix(2048, 28, 7300)
-    assert drain_rps(p.model_copy(update={"max_num_batched_tokens": 512}), mix, 4.0) < drain_rps(p, mix, 4.0)
+    assert drain_rps(p.model_copy(update={"max_num_batched_tokens": 512}), mix, 4.0, 1.0) < drain_rps(p, mix, 4.0, 1.0)
     tiny_kv = p.model_copy(update={"kv_tokens": 3 * (2048 + 28)})  # three sequences fit
-    assert drain_rps(tiny_kv, mix, 2.0) < drain_rps(p, mix, 2.0)
+    assert drain_rps(tiny_kv, mix, 2.0, 1.0) < drain_rps(p, mix, 2.0, 1.0)
+
+
+def test_a_burst_drains_at_a_batch_that_keeps_the_tpot_target() -> None:
+    """Long prompts fill a batch whose decode misses TPOT: the drain rate is the one at the target's batch."""
+    p = load_catalog().profile("mistral-7b", "l40s")
+    mix = RequestMix(2048, 28, 7300)
+    loose, tight = drain_rps(p, mix, 2.0, 10.0), drain_rps(p, mix, 2.0, 0.1)
+    assert tight < 0.9 * loose
+    # The batch behind ``tight``: requests/s x output tokens x TPOT; its TPOT meets the target.
+    batch = tight * mix.output_mean * 0.1
+    assert tpot_at(p, batch, mix) <= 0.1 + 1e-9
+    assert tpot_at(p, 1.05 * batch, mix) > 0.1
 
 
 def test_the_planner_holds_replicas_that_drain_the_bursts() -> None:
@@ -143,7 +156,8 @@ def test_the_planner_holds_replicas_that_drain_the_bursts() -> None:
     assert d.burst_rps == pytest.approx(burst_rate(counts, BIN, 2.0, 1 - BURST_BUDGET_SHARE * 0.01))
     p0, _ = plan(cat, {"mistral-7b": plain})
     p1, _ = plan(cat, {"mistral-7b": d})
-    drained = sum(e.replicas * drain_rps(cat.profile("mistral-7b", e.flavor), mix, d.capacity[e.flavor].batch)
+    drained = sum(e.replicas * drain_rps(cat.profile("mistral-7b", e.flavor), mix, d.capacity[e.flavor].batch,
+                                    cat.models["mistral-7b"].slo.tpot_p95_s)
                   for e in p1.entries)
     assert drained >= d.burst_rps - 1e-6
     assert p1.usd_per_h > p0.usd_per_h
