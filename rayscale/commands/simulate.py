@@ -59,9 +59,11 @@ def register(sub: Any) -> None:
                    help="serve the first S seconds but score neither their requests nor their cost; 'draw': "
                         "steady state without hindsight (warm up on another draw of the same traffic, then score the "
                         "--seed draw); 'pass' with --repeat N >= 2: warm up on the scored arrivals themselves")
-    p.add_argument("--same-start", action="store_true",
-                   help="from cold, every policy starts from the same fleet (what the shipped step orders for the "
-                        "first signal window), then moves it where it wants")
+    p.add_argument("--same-start", action=argparse.BooleanOptionalAction, default=True,
+                   help="every policy starts from the same fleet (what the shipped step orders for the first "
+                        "signal window, on-demand, live at t=0), then moves it where it wants: from cold on equal "
+                        "footing, as a bound must be (default). --no-same-start: each policy starts from its own "
+                        "fleet, the hindsight baselines from the one they size for the whole trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
     p.add_argument("--request-mix", metavar="trace|PROMPT,OUTPUT[,PROMPT_P95]",
@@ -209,6 +211,9 @@ def render_table(results: list[Any], trace_name: str) -> str:
     warm = results[0].extra.get("warmup_s") if results else None
     if warm:
         title += f", scored after a {warm:g} s warm-up ({results[0].extra['requests_warmup']} requests served unscored)"
+    start = results[0].extra.get("start_fleet") if results else None
+    title += (f"; every policy starts from the same on-demand fleet ({start or 'none'}) live at t=0"
+              if results and "start_fleet" in results[0].extra else "; each policy starts from its own fleet")
     notes = [_note(r) for r in results]
     return "\n".join([format_table(head, rows, title=title), *(n for n in notes if n)])
 

@@ -372,12 +372,17 @@ class Simulation:
             # notice -> the next replica live; the notice gives 120 s, so a lag above that is serving lost
             extra["replacement_lag_p50_s"] = float(np.median(lags)) if lags else math.nan
             extra["replacement_lag_max_s"] = max(lags) if lags else math.nan
+        if self.cfg.same_start:
+            from rayscale.sim.fleet_act import first_fleet
+
+            extra["start_fleet"] = "+".join(f"{f}:{n}" for (f, _), n in sorted(first_fleet(self).items()))
         if self.cfg.warmup_s > 0:
             extra["warmup_s"] = self.cfg.warmup_s
             extra["requests_warmup"] = len(self.arr) - n
         cost, dev_h = totals.cost_usd, totals.accelerator_hours
         if isinstance(self.policy, OraclePolicy):
-            extra = {**{k: v for k, v in extra.items() if k.startswith(("capacity_", "warmup_", "requests_"))},
+            extra = {**{k: v for k, v in extra.items()
+                        if k.startswith(("capacity_", "warmup_", "requests_", "start_"))},
                      "integer_cost_usd": cost, "integer_accelerator_hours": dev_h}
             cost, dev_h = self.policy.fluid_usd, self.policy.fluid_dev_h
         if eng.prefix is not None and eng.prefix.total_queries:  # vLLM's prefix cache hits / queries, whole run

@@ -144,6 +144,24 @@ def test_cli_all_prints_the_five_policies(capsys):
         assert r["requests"] > 0 and r["cost_usd"] > 0 and math.isfinite(r["cost_usd"])
 
 
+def test_cli_from_cold_starts_every_policy_from_the_same_fleet_unless_told_not_to(capsys):
+    """From cold, the bounds obey the same physics as the product: they too start from the shipped step's
+    first fleet and wait out a start-up for anything more (--no-same-start: each from its own fleet)."""
+    argv = ["simulate", "--trace", "gen:diurnal:base=2,peak=6,hours=0.25,period_h=0.25", "--policy", "static-best",
+            "--on-demand-only", "--no-progress"]
+    assert cli_main([*argv, "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert cli_main([*argv, "--json", "--no-same-start"]) == 0
+    own = json.loads(capsys.readouterr().out)
+    assert same["start_fleet"] and "start_fleet" not in own
+    # Sized for the first window of a rising load, the shared start is smaller than the fleet static-best
+    # holds: it orders the rest at t=0 and waits for it. Its own start has that fleet live at t=0.
+    assert same["start_fleet"] != same["fleet"]
+    assert same["scale_up_events"] >= 1 and own["scale_up_events"] == 0
+    assert cli_main(argv) == 0
+    assert f"every policy starts from the same on-demand fleet ({same['start_fleet']})" in capsys.readouterr().out
+
+
 def test_oracle_is_an_alias_of_fluid_bound():
     tr = load_spec("gen:poisson:rate=1,hours=0.05", seed=0)
     assert simulate(CAT, tr, "oracle").policy == "fluid-bound"
