@@ -6,11 +6,14 @@ Each variant is the shipped settings (rayscale/data/settings.yaml) with one or t
 variant runs the product (``rayscale``, no request mix declared) on the dev traffic of bench.eval_split only
 (the held-out cases are never run here), per seed in steady state (warmed up on another draw) and from cold.
 
-Rule: among the variants whose steady-state mean SLO attainment is >= 99% on every dev trace and whose
-from-cold mean is no more than one point below the shipped settings' on any dev trace, ship the one with the
-lowest steady-state cost summed over the dev traces (mean over seeds), if that is at least 1% below the
-shipped settings' (else the shipped ones stay). The held-out split then reports it (bench.eval_split).
-From cold here means each variant starts from the fleet it orders for the first 30 s.
+Rule: among the variants whose steady-state mean SLO attainment on every dev trace is >= 99% (or, on a trace
+where the shipped settings miss 99%, no more than 0.1 pt below theirs) and whose from-cold mean is no more
+than one point below the shipped settings' on any dev trace, ship the one with the lowest steady-state cost
+summed over the dev traces (mean over seeds), if that is at least 1% below the shipped settings' (else the
+shipped ones stay). The held-out split then reports it (bench.eval_split). From cold here means each variant
+starts from the fleet it orders for the first 30 s. (The 0.1-pt clause was added when the shipped settings
+themselves missed 99% on the Azure code trace: without it the rule could not prefer a variant that meets the
+SLO as well and costs less.)
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rayscale.tables import format_table
 
 SHIPPED = "shipped"
 TIE = 0.01  # a variant must be this much cheaper than the shipped settings to replace them
+SLO_SLACK = 0.001  # where the shipped settings miss 99%, a variant may be this much below them (seed noise)
 
 
 def variants() -> dict[str, Settings]:
@@ -44,6 +48,8 @@ def variants() -> dict[str, Settings]:
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
+        "peak hold 60 min": replace(s, peak_hold_s=3600.0),
+        "peak hold 20 min": replace(s, peak_hold_s=1200.0),
     }
 
 
@@ -65,10 +71,11 @@ def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str,
     why: dict[str, str] = {}
     ok = []
     for v in sorted({r["variant"] for r in rows}):
-        low = [CASES[c][1] for c in cases if mean(v, c, True, "slo") < 0.99]
+        low = [CASES[c][1] for c in cases
+               if mean(v, c, True, "slo") < min(0.99, mean(SHIPPED, c, True, "slo") - SLO_SLACK)]
         cold = [CASES[c][1] for c in cases if mean(v, c, False, "slo") < mean(SHIPPED, c, False, "slo") - 0.01]
         if low:
-            why[v] = "steady SLO < 99% on " + ", ".join(low)
+            why[v] = "steady SLO < 99% (and below shipped) on " + ", ".join(low)
         elif cold:
             why[v] = "from cold > 1 pt below shipped on " + ", ".join(cold)
         else:
@@ -78,7 +85,7 @@ def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str,
     if shipped is not None and min(ok)[0] > (1 - TIE) * shipped:
         best = SHIPPED  # no variant is clearly cheaper: keep what ships
     for cost, v in ok:
-        why[v] = "chosen" if v == best else (f"steady ${cost:.2f}, within {TIE:.0%} of shipped" if shipped is not None
+        why[v] = "chosen" if v == best else (f"steady ${cost:.2f}, not {TIE:.0%} below shipped" if shipped is not None
                                              and cost > (1 - TIE) * shipped else f"steady ${cost:.2f}")
     return best, why
 

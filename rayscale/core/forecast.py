@@ -136,5 +136,5 @@ FORECASTERS: dict[str, Forecaster] = {
     "last": last_value,
     "trend": TrendSeasonal(),
     "seasonal": Seasonal(),
-    "peak": Seasonal(peak_window=60),
+    "peak": Seasonal(peak_window=30),  # the hold is Settings.peak_hold_s, in history windows
 }

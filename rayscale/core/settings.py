@@ -2,9 +2,10 @@
 
 ``rayscale controller --settings F`` and ``rayscale simulate --settings F`` read the same file
 (``rayscale.config.load_settings``); ``rayscale/data/settings.yaml`` holds the shipped values. The
-defaults below are the shipped product, chosen on the simulator's dev traces (bench/results):
-the peak-hold seasonal forecaster, a 600 s scale-down delay (about one replica start-up), the greedy
-solver (the exact MILP costs 20-120 ms a call and does not scale to a thousand models) and the burst floor.
+defaults below are the shipped product, chosen on the simulator's dev traces (bench/results/tune.md):
+the seasonal forecaster with a 30-min peak hold, a 600 s scale-down delay (about one replica start-up),
+the greedy solver (the exact MILP costs 20-120 ms a call and does not scale to a thousand models) and the
+burst floor.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class Settings:
     mix_min_requests: int = MIX_MIN_REQUESTS
     mix_max_s: float = MIX_MAX_S
     forecaster: str = "peak"
+    # The peak forecaster never forecasts below the highest rate of this long a past (its peak hold): load
+    # that comes and goes faster than capacity starts is held for, not chased (rayscale.core.forecast).
+    peak_hold_s: float = 1800.0
     # The forecaster sees one arrival rate per history window, up to history_len of them: two hours, so a
     # pattern repeating every 30 min is seen twice before it is trusted (rayscale.core.forecast).
     history_window_s: float = 60.0
@@ -54,7 +58,7 @@ class Settings:
     act: ActSettings = field(default_factory=ActSettings)
 
     def __post_init__(self) -> None:
-        for name in ("period_s", "window_s", "stale_after_s", "history_window_s", "burst_history_s"):
+        for name in ("period_s", "window_s", "stale_after_s", "history_window_s", "burst_history_s", "peak_hold_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")
         if self.fast_window_s is not None and not 0 < self.fast_window_s <= self.window_s:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, is_dataclass, replace
 from rayscale.core.act import Action, BackOff, Gang, GangPhase, Key, decide
 from rayscale.core.catalog import Catalog
 from rayscale.core.estimate import Correction, Demand, correction_smoothing, estimate, update_corrections
-from rayscale.core.forecast import FORECASTERS, Forecaster
+from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal
 from rayscale.core.plan import Plan, PlannerMemory, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
@@ -78,7 +78,7 @@ def step(ctx: StepContext) -> StepResult:
     corrections = update_corrections(catalog, dict(signals), dict(state.corrections),
                                      smoothing=correction_smoothing(cfg.period_s))
     horizon_s = state.horizon_s if state.horizon_s is not None else horizon_of(catalog, cfg)
-    forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s)
+    forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
     current: dict[Key, int] = {}
@@ -142,7 +142,8 @@ def _window_rate(sig: ModelSignals, window_s: float) -> float:
 
 def forecaster_for(catalog: Catalog, settings: Settings) -> Forecaster:
     """The settings' forecaster, looking as far ahead as ordered capacity takes to serve."""
-    return _forecaster(settings.forecaster, horizon_of(catalog, settings), settings.history_window_s)
+    return _forecaster(settings.forecaster, horizon_of(catalog, settings), settings.history_window_s,
+                       settings.peak_hold_s)
 
 
 def horizon_of(catalog: Catalog, settings: Settings) -> float:
@@ -154,8 +155,10 @@ def horizon_of(catalog: Catalog, settings: Settings) -> float:
 
 
 @functools.lru_cache(maxsize=32)
-def _forecaster(name: str, horizon_s: float, window_s: float) -> Forecaster:
+def _forecaster(name: str, horizon_s: float, window_s: float, hold_s: float) -> Forecaster:
     fc = FORECASTERS[name]
     if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
         fc = replace(fc, horizon=max(1, round(horizon_s / window_s)))
+    if isinstance(fc, Seasonal) and fc.peak_window > 0:
+        fc = replace(fc, peak_window=max(1, round(hold_s / window_s)))
     return fc

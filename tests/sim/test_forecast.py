@@ -91,3 +91,16 @@ def test_the_step_looks_as_far_ahead_as_capacity_takes_to_start():
         Settings(forecaster="nope")
 
 
+def test_the_peak_forecaster_holds_the_highest_rate_of_peak_hold_s():
+    cat = load_catalog().subset(["mistral-7b"])
+    history = [9.0] + [2.0] * 40  # a peak 41 windows (minutes) ago, then quiet
+    held = forecaster_for(cat, Settings(forecaster="peak", peak_hold_s=3600.0))
+    short = forecaster_for(cat, Settings(forecaster="peak", peak_hold_s=1800.0))
+    assert held(history, 2.0) == 9.0  # within the hour
+    assert short(history, 2.0) < 3.0  # past 30 min: the trend on a flat history, about the rate
+    assert short([2.0] * 20 + [9.0] + [2.0] * 9, 2.0) == 9.0
+    assert forecaster_for(cat, Settings(forecaster="seasonal", peak_hold_s=60.0))(history, 2.0) < 3.0  # no hold
+    with pytest.raises(ValueError, match=r"Settings\.peak_hold_s must be > 0"):
+        Settings(peak_hold_s=0)
+
+
