@@ -111,9 +111,8 @@ def drain_rps(profile: Profile, mix: RequestMix, batch: float, tpot_s: float) ->
 
     The TPOT bound matters where prompts are long: a full batch (110) of the Azure code trace's 2,000-token
     prompts on an L40S decodes at 0.58 s a token against a 0.1 s target, so a burst drained there misses
-    TPOT instead of TTFT; at the target's batch (15) a replica drains 5.4 req/s, not 6.3. Simulated on that
-    trace (x3, steady state, a forecaster without peak hold, so the floor binds): 97.2% of requests met the
-    SLO with the floor counted flat out, 98.9% counted at the TPOT target."""
+    TPOT instead of TTFT; at the target's batch (15) a replica drains 5.4 req/s, not 6.3. The floor so
+    counted is worth 1.7 points there (x3, steady state: 98.77% with it, 97.04% without; bench/results/tune.md)."""
     p, o = max(mix.prompt_mean, 1.0), max(mix.output_mean, 1.0)
     chunk = profile.max_num_batched_tokens or CHUNK_TOKENS
     per_token = profile.prefill_engine_s(p) / p
