@@ -63,7 +63,10 @@ def start_warm(cluster: Cluster, actions: Sequence[Action], replicas: Mapping[st
 
 def first_fleet(sim: Simulation) -> Fleet:
     """The fleet the shipped step orders for the trace's first signal window (SimConfig.same_start), as
-    replicas per (flavor, capacity type) on on-demand capacity: what every policy starts from cold."""
+    replicas per (flavor, capacity type) on on-demand capacity: what every policy starts from cold. Worked
+    out once per simulation (the policy starts from it, the result reports it)."""
+    if sim.start_fleet is not None:
+        return sim.start_fleet
     from rayscale.core.settings import Settings
     from rayscale.core.step import ServeView, StepContext, StepState, step
 
@@ -74,6 +77,7 @@ def first_fleet(sim: Simulation) -> Fleet:
         if e.model == sim.model and e.replicas > 0:
             key = (e.flavor, CapacityType.ON_DEMAND.value)
             fleet[key] = fleet.get(key, 0) + e.replicas
+    sim.start_fleet = fleet
     return fleet
 
 

@@ -118,6 +118,8 @@ class Simulation:
         catalog = pin_chunks(catalog, tuned=policy.tuned_chunk, default=cfg.engine.max_num_batched_tokens)
         self.catalog, self.trace, self.policy, self.cfg = catalog, trace, policy, cfg
         self.model = cfg.model
+        # SimConfig.same_start's fleet, once rayscale.sim.fleet_act.first_fleet has worked it out.
+        self.start_fleet: dict[tuple[str, str], int] | None = None
         self.spec = catalog.models[cfg.model]
         self.rng = np.random.default_rng(cfg.seed)
         flavors = policy.flavors(catalog, cfg.model)
