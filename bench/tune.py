@@ -40,7 +40,7 @@ SLO_SLACK = 0.001  # where the shipped settings miss 99%, a variant may be this 
 
 def variants() -> dict[str, Settings]:
     s = Settings()
-    est, pl = s.estimate, s.planner
+    est, pl, fb = s.estimate, s.planner, s.feedback
     return {
         SHIPPED: s,
         "utilization 0.9": replace(s, estimate=replace(est, target_utilization=0.9)),
@@ -50,6 +50,14 @@ def variants() -> dict[str, Settings]:
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
         "peak hold 60 min": replace(s, peak_hold_s=3600.0),
         "peak hold 20 min": replace(s, peak_hold_s=1200.0),
+        "no SLO feedback": replace(s, feedback=replace(fb, enabled=False)),
+        "feedback relax 0.2/h": replace(s, feedback=replace(fb, relax_per_h=0.2)),
+        "feedback relax 0.4/h": replace(s, feedback=replace(fb, relax_per_h=0.4)),
+        "feedback relax above 0.25": replace(s, feedback=replace(fb, relax_above=0.25)),
+        "feedback min 0.7": replace(s, feedback=replace(fb, min_factor=0.7)),
+        "feedback tighten 1.0/h": replace(s, feedback=replace(fb, tighten_per_h=1.0)),
+        "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
+        "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
     }
 
 

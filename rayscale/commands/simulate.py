@@ -233,4 +233,9 @@ def _note(r: Any) -> str:
                 f"(peak {x['stock_peak_replicas']})")
     if r.policy == "fluid-bound":
         return "fluid-bound: fractional replicas, instant nodes; its SLO column is another (integer) plan's"
+    factors = {k.removeprefix("feedback_factor_"): v for k, v in x.items() if k.startswith("feedback_factor_")}
+    if r.policy == "rayscale" and factors:
+        return "rayscale: SLO feedback at the end: " + ", ".join(
+            f"{m} x{f:.2f} on demand ({100 * (x[f'feedback_attainment_{m}'] or 0):.2f}% met, smoothed)"
+            for m, f in factors.items())
     return ""

@@ -106,7 +106,7 @@ def run_multi(args: argparse.Namespace) -> int:
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
         warm = 0.0 if args.warmup == "draw" else _warmup(args.warmup, None, 1)
-        sim = SimConfig(seed=args.seed, settings=settings, engine=engine, warmup_s=warm)
+        sim = SimConfig(seed=args.seed, settings=settings, engine=engine, warmup_s=warm, same_start=args.same_start)
         cfg = MultiConfig(sim, StockConfig(target_ongoing_requests=args.stock_target), warmups)
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -22,6 +22,7 @@ from rayscale.controller.slots import slot_targets, slot_weights
 from rayscale.core.act import Action, Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
+from rayscale.core.feedback import Delivered
 from rayscale.core.route import flavor_weights
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals
@@ -66,10 +67,18 @@ def _by_flavor(gangs: list[Gang]) -> dict[str, dict[str, int]]:
     return dict(out)
 
 
+def _feedback_summary(rec: Delivered | None) -> dict[str, Any]:
+    """SLO feedback's record of a model (rayscale.core.feedback): the smoothed share of requests within the
+    SLO and the factor it puts on demand; nothing before the record starts."""
+    if rec is None or rec.attainment is None:
+        return {}
+    return {"slo_delivered": round(rec.attainment, 5), "demand_factor": round(rec.factor, 4)}
+
+
 def _sig_summary(s: ModelSignals) -> dict[str, Any]:
     d: dict[str, Any] = {"freshness": s.freshness.value}
     for k in ("arrival_rate_rps", "waiting", "running", "ttft_p95_s", "tpot_p95_s", "kv_usage", "age_s", "in_flight",
-              "client_ttft_p95_s"):
+              "client_ttft_p95_s", "finished", "slo_met"):
         v = getattr(s, k)
         if v is not None:
             d[k] = round(float(v), 4)
@@ -149,7 +158,9 @@ class Controller:
         errors += self.scraper.errors
         signals = aggregate(self._remember(scrape, t0), t0, cfg.window_s, cfg.stale_after_s,
                             self.catalog.models, fast_window_s=cfg.fast_window_s,
-                            mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s)
+                            mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s,
+                            slo_targets={m: (spec.slo.ttft_p95_s, spec.slo.tpot_p95_s)
+                                         for m, spec in self.catalog.models.items()})
         signals = {m: self._with_arrivals(sig) for m, sig in signals.items()}
         gangs = self.actuator.gangs(t0)
         moved_to = self.actuator.serve_dashboard()
@@ -185,7 +196,8 @@ class Controller:
 
         rec = DecisionRecord(
             t=round(t0, 3),
-            signals={m: _sig_summary(sig) for m, sig in result.signals.items()},
+            signals={m: {**_sig_summary(sig), **_feedback_summary(result.state.delivered.get(m))}
+                     for m, sig in result.signals.items()},
             plan=result.plan.to_dict(),
             actions=[{"type": type(a).__name__, **a.__dict__} for a in result.actions],
             errors=errors,

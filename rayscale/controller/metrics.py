@@ -3,7 +3,8 @@ show in the Ray dashboard (Ray exports them as ``ray_rayscale_*``; deployments/g
 
 Series: desired vs actual replicas per (model, flavor), gangs per (flavor, phase), nodes per flavor,
 SLO attainment per model (observed p95 TTFT and TPOT within the SLO over the window: 1, else 0; absent
-while signals are stale), plan cost in $/h, decision latency, and errors.
+while signals are stale), the share of requests within the SLO that SLO feedback has smoothed and the factor
+it puts on demand (rayscale.core.feedback), plan cost in $/h, decision latency, and errors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from rayscale.controller.loop import DecisionRecord
 from rayscale.core.catalog import Catalog
 
 PREFIX = "rayscale_"
+DELIVERED_HELP = "share of finished requests within both SLO targets, smoothed (SLO feedback)"
+FACTOR_HELP = "SLO feedback's factor on the model's demand"
 
 
 class ControllerMetrics:
@@ -31,6 +34,8 @@ class ControllerMetrics:
         self.nodes = Gauge(PREFIX + "nodes", "nodes in ready gangs", ["flavor"], registry=r)
         self.slo = Gauge(PREFIX + "slo_attainment", "1 if observed p95 TTFT and TPOT meet the SLO", ["model"],
                          registry=r)
+        self.delivered = Gauge(PREFIX + "slo_delivered", DELIVERED_HELP, ["model"], registry=r)
+        self.factor = Gauge(PREFIX + "demand_factor", FACTOR_HELP, ["model"], registry=r)
         self.cost = Gauge(PREFIX + "usd_per_hour", "cost of the plan", registry=r)
         self.latency = Histogram(PREFIX + "decision_latency_seconds", "one reconcile, observe to act",
                                  buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
@@ -53,6 +58,8 @@ class ControllerMetrics:
             "gangs": rm.Gauge(PREFIX + "gangs", "gangs by phase", ("flavor", "phase")),
             "nodes": rm.Gauge(PREFIX + "nodes", "nodes in ready gangs", ("flavor",)),
             "slo": rm.Gauge(PREFIX + "slo_attainment", "1 if observed p95 TTFT and TPOT meet the SLO", ("model",)),
+            "delivered": rm.Gauge(PREFIX + "slo_delivered", DELIVERED_HELP, ("model",)),
+            "factor": rm.Gauge(PREFIX + "demand_factor", FACTOR_HELP, ("model",)),
             "cost": rm.Gauge(PREFIX + "usd_per_hour", "cost of the plan"),
             "latency": rm.Histogram(PREFIX + "decision_latency_seconds", "one reconcile, observe to act",
                                     boundaries=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]),
@@ -80,6 +87,9 @@ class ControllerMetrics:
             ok = all(v is None or v <= lim for v, lim in ((s.get("ttft_p95_s"), spec.slo.ttft_p95_s),
                                                           (s.get("tpot_p95_s"), spec.slo.tpot_p95_s)))
             self._set("slo", 1.0 if ok else 0.0, model=m)
+            if "slo_delivered" in s:
+                self._set("delivered", float(s["slo_delivered"]), model=m)
+                self._set("factor", float(s["demand_factor"]), model=m)
         self._set("cost", float(rec.plan.get("usd_per_h", 0.0)))
         total_s = sum(rec.durations_ms.values()) / 1000
         self.latency.observe(total_s)

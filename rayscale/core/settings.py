@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from rayscale.core.act import ActSettings
 from rayscale.core.estimate import EstimateSettings
+from rayscale.core.feedback import FeedbackSettings
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.plan import PlannerSettings
 
@@ -56,6 +57,8 @@ class Settings:
     estimate: EstimateSettings = field(default_factory=shipped_estimate)
     planner: PlannerSettings = field(default_factory=shipped_planner)
     act: ActSettings = field(default_factory=ActSettings)
+    # The attainment delivered scales each model's demand (rayscale.core.feedback).
+    feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
 
     def __post_init__(self) -> None:
         for name in ("period_s", "window_s", "stale_after_s", "history_window_s", "burst_history_s", "peak_hold_s"):

@@ -108,6 +108,10 @@ class ModelSignals:
     # Prompt tokens the engines found in their prefix caches over those they looked up, over the window
     # (vLLM's prefix_cache_hits / prefix_cache_queries). None: not observed (caching off, no lookups).
     prefix_hit_rate: float | None = None
+    # Requests that finished in the window and the share of them that met both SLO targets (TTFT as clients
+    # see it where the ingress reports it): what the fleet delivered (rayscale.core.feedback). None: unknown.
+    finished: float | None = None
+    slo_met: float | None = None
 
     @property
     def usable(self) -> bool:

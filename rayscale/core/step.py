@@ -16,7 +16,15 @@ from dataclasses import dataclass, field, is_dataclass, replace
 
 from rayscale.core.act import Action, BackOff, Gang, GangPhase, Key, decide
 from rayscale.core.catalog import Catalog
-from rayscale.core.estimate import Correction, Demand, correction_smoothing, estimate, update_corrections
+from rayscale.core.estimate import (
+    Correction,
+    Demand,
+    DemandState,
+    correction_smoothing,
+    estimate,
+    update_corrections,
+)
+from rayscale.core.feedback import Delivered, delivered
 from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal
 from rayscale.core.plan import Plan, PlannerMemory, plan
 from rayscale.core.settings import Settings
@@ -49,6 +57,7 @@ class StepState:
     next_history_s: float | None = None  # when the next history sample is due
     last_mix: Mapping[str, RequestMix] = field(default_factory=dict)
     horizon_s: float | None = None  # the forecaster's look-ahead, worked out from the catalog once
+    delivered: Mapping[str, Delivered] = field(default_factory=dict)  # SLO attainment so far, smoothed
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ def step(ctx: StepContext) -> StepResult:
     forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
+    demands = _with_feedback(demands, state.delivered, cfg)
     current: dict[Key, int] = {}
     for g in ctx.gangs:
         if g.phase != GangPhase.FAILED:
@@ -89,6 +99,7 @@ def step(ctx: StepContext) -> StepResult:
             current[g.key] = current.get(g.key, 0) + max(g.serving, 1)
     unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
     result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner)
+    record = _delivered(ctx, signals, result, demands)
     actions: tuple[Action, ...] = ()
     if ctx.serve is not None:
         serving = ctx.serve.running if ctx.serve.serving is None else ctx.serve.serving
@@ -97,8 +108,55 @@ def step(ctx: StepContext) -> StepResult:
     for a in actions:
         if isinstance(a, BackOff):
             unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
-    new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix, horizon_s)
+    new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix, horizon_s,
+                          record)
     return StepResult(result, demands, actions, new_state, signals)
+
+
+def _delivered(ctx: StepContext, signals: Mapping[str, ModelSignals], result: Plan,
+               demands: Mapping[str, Demand]) -> dict[str, Delivered]:
+    """The state's delivered attainment with this window's. A model's record starts once its fleet first
+    stands as planned (as many replicas serving as the plan wants, none pending): misses while the first
+    capacity starts say nothing about how it is sized; nor do those of a model served best effort (no
+    flavor meets its SLO for the mix), which more replicas would not buy back."""
+    out = dict(ctx.state.delivered)
+    serving: dict[str, int] = {}
+    pending: set[str] = set()
+    for g in ctx.gangs:
+        if g.phase == GangPhase.READY:
+            serving[g.model] = serving.get(g.model, 0) + g.serving
+        elif g.phase == GangPhase.PENDING:
+            pending.add(g.model)
+    wanted: dict[str, int] = {}
+    for e in result.entries:
+        wanted[e.model] = wanted.get(e.model, 0) + e.replicas
+    standing = {m for m, n in serving.items() if n > 0 and n >= wanted.get(m, 0) and m not in pending}
+    for name, sig in signals.items():
+        if sig.freshness != Freshness.FRESH or (name not in out and name not in standing):
+            continue
+        if (d := demands.get(name)) is not None and d.best_effort:
+            continue
+        rec = delivered(out.get(name), sig, ctx.settings.window_s, ctx.now, ctx.settings.estimate.attainment,
+                        ctx.settings.feedback)
+        if rec is not None:
+            out[name] = rec
+    return out
+
+
+def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered],
+                   cfg: Settings) -> dict[str, Demand]:
+    """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback)."""
+    out = dict(demands)
+    for name, d in demands.items():
+        rec = record.get(name)
+        if not cfg.feedback.enabled or rec is None or rec.factor == 1.0 or rec.attainment is None:
+            continue
+        if d.state != DemandState.OK or d.rps <= 0:
+            continue
+        factor = rec.factor
+        why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
+        out[name] = replace(d, rps=d.rps * factor, burst_rps=d.burst_rps * factor, reason=why)
+    return out
 
 
 def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, tuple[float, ...]],

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from rayscale.core.settings import MIX_MAX_S
@@ -117,6 +117,33 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
         prev_le, prev_c = le, c
     return bs[-1][0]
+
+
+def histogram_share(x: float, buckets: dict[float, float]) -> float | None:
+    """Share of a histogram's observations at or below ``x`` (linear inside a bucket: the inverse of
+    ``histogram_quantile``); None without observations."""
+    bs = sorted(buckets.items())
+    if not bs or bs[-1][1] <= 0:
+        return None
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in bs:
+        if x < le:
+            inside = 0.0 if math.isinf(le) else (x - prev_le) / (le - prev_le)
+            return (prev_c + inside * (c - prev_c)) / bs[-1][1]
+        prev_le, prev_c = le, c
+    return 1.0
+
+
+def met_share(ttft_buckets: dict[float, float], tpot_buckets: dict[float, float],
+              targets: tuple[float, float]) -> float | None:
+    """Share of a window's requests within both SLO targets (TTFT, TPOT) from the two latency histograms.
+    The histograms do not pair a request's TTFT with its TPOT, so a request missing both may count twice:
+    the share is a lower bound (1 minus the sum of the misses)."""
+    ttft = histogram_share(targets[0], ttft_buckets)
+    tpot = histogram_share(targets[1], tpot_buckets)
+    if ttft is None:
+        return None
+    return max(ttft - (1.0 - tpot if tpot is not None else 0.0), 0.0)
 
 
 def prefix_hit_rate(counters: dict[str, float]) -> float | None:
@@ -219,6 +246,8 @@ class IngressView:
     client_ttft_p95_s: float | None  # arrival at the ingress -> first byte, over the window
     age_s: float
     held: float = 0.0  # of in_flight and waiting: held until a replica of the model can serve
+    # The client TTFT histogram's counts over the window (cumulative per ``le``), for the SLO met share.
+    client_ttft_buckets: dict[float, float] = field(default_factory=dict)
 
 
 def _model_of(deployment: str) -> str:
@@ -284,7 +313,7 @@ def ingress_views(ok: Sequence[Scrape], now: float, window_s: float, stale_after
                 if n == CLIENT_TTFT + "_bucket" and _label(lb, "model") == m:
                     buckets[float(_label(lb, "le") or "inf")] += _delta(v, first.series.get((n, lb)))
             ttft = histogram_quantile(0.95, buckets)
-        out[m] = IngressView(in_flight, waiting, rate, ttft, now - s.t, held)
+        out[m] = IngressView(in_flight, waiting, rate, ttft, now - s.t, held, dict(buckets) if ttft is not None else {})
     # The proxy's router holds requests for the ingress before their model is known.
     total = sum(v.in_flight for v in out.values())
     for m, view in out.items():
@@ -313,7 +342,8 @@ def _with_ingress(sig: ModelSignals, view: IngressView | None) -> ModelSignals:
 
 def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, stale_after_s: float = 20.0,
               models: Iterable[str] = (), fast_window_s: float | None = None, mix_min_requests: int = 0,
-              mix_max_s: float = MIX_MAX_S) -> dict[str, ModelSignals]:
+              mix_max_s: float = MIX_MAX_S,
+              slo_targets: Mapping[str, tuple[float, float]] | None = None) -> dict[str, ModelSignals]:
     """ModelSignals per model from the scrapes within ``window_s`` of ``now``.
 
     The request mix reaches back past the window, over scrapes up to ``mix_max_s`` old (they may carry
@@ -322,6 +352,9 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
     With ``fast_window_s``, the arrival rate is the larger of the rates over the whole window and over
     its last ``fast_window_s``: a load step shows within seconds instead of after half a window, while a
     drop still takes the whole window (and then the planner's downscale delay) to lower it.
+
+    ``slo_targets``: per model, its (TTFT, TPOT) targets; the window's finished requests and the share of
+    them within both (``met_share``, TTFT as clients see it where the ingress reports it) are then filled in.
     """
     ok = [s for s in scrapes if s.ok]
     views = ingress_views(ok, now, window_s, stale_after_s, fast_window_s)
@@ -406,13 +439,21 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
                 # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
                 prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
             )
+        view = views.get(m)
+        finished = a.counters.get(TPOT + "_count")
+        met = None
+        if slo_targets and m in slo_targets and finished:
+            ttft_buckets = (view.client_ttft_buckets if view and view.client_ttft_buckets
+                            else a.buckets.get(TTFT, {}))
+            met = met_share(ttft_buckets, a.buckets.get(TPOT, {}), slo_targets[m])
         out[m] = _with_ingress(ModelSignals(
             model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals, mix=mix,
             waiting=waiting_now, running=sum(a.gauges.get(RUNNING, [])),
             ttft_p95_s=histogram_quantile(0.95, a.buckets.get(TTFT, {})),
             tpot_p95_s=histogram_quantile(0.95, a.buckets.get(TPOT, {})),
             kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=flav, prefix_hit_rate=prefix_hit_rate(a.counters),
-        ), views.get(m))
+            finished=finished if met is not None else None, slo_met=met,
+        ), view)
     return out
 
 

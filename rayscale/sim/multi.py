@@ -14,7 +14,8 @@ one clock. How the policies see the others:
   shared limit; the result says where they did (``FlavorUse``).
 
 The run ends for all models together, once every model's trace has drained, so every model's cost covers
-the same span. ``clairvoyant`` and ``fluid-bound`` stay single-model (``rayscale simulate --trace``).
+the same span. With ``SimConfig.same_start`` (``rayscale simulate`` from cold, by default) every policy starts
+each model from the same fleet: the one the shipped step orders for that model's first signal window. ``clairvoyant`` and ``fluid-bound`` stay single-model (``rayscale simulate --trace``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from rayscale.core.chunk import pin_chunks
 from rayscale.core.settings import Settings
 from rayscale.core.signals import ModelSignals
 from rayscale.core.step import ServeView, StepContext, StepState, step
-from rayscale.sim.fleet_act import start_warm
+from rayscale.sim.fleet_act import FleetActor, start_warm
 from rayscale.sim.policies import Policy, StockConfig, make_policy
 from rayscale.sim.provider import SimProvider, SimulatedServe
 from rayscale.sim.simulator import SimConfig, SimResult, Simulation
@@ -180,10 +181,15 @@ class FleetController:
         self.provider = FleetProvider({m: SimProvider(s.cluster, m) for m, s in sims.items()})
 
     def warm_start(self) -> None:
-        """The fleet the initial loads need, live at t=0 (as RayscalePolicy.warm_start does for one model)."""
+        """The fleet the initial loads need, live at t=0 (as RayscalePolicy.warm_start does for one model);
+        with SimConfig.same_start, each model's shared first fleet, the one the baselines start from."""
         if self._last >= 0:
             return
         self._last = 0.0
+        if any(s.cfg.same_start for s in self.sims.values()):
+            for sim in self.sims.values():
+                FleetActor(sim).warm({})
+            return
         result = self._step(0.0, {m: s.initial_signals() for m, s in self.sims.items()})
         for m, sim in self.sims.items():
             mine = [a for a in result.actions if isinstance(a, CreateGang) and a.model == m]
@@ -228,7 +234,12 @@ class _Member(Policy):
         self.controller.control(now)
 
     def extra(self) -> dict[str, Any]:
-        return {"shortfall_periods": self.controller.shortfall_periods.get(self.model, 0)}
+        out: dict[str, Any] = {"shortfall_periods": self.controller.shortfall_periods.get(self.model, 0)}
+        rec = self.controller.state.delivered.get(self.model)
+        if rec is not None:  # where SLO feedback left this model, as RayscalePolicy.extra reports it
+            out[f"feedback_factor_{self.model}"] = rec.factor
+            out[f"feedback_attainment_{self.model}"] = rec.attainment
+        return out
 
 
 @dataclass(frozen=True)
@@ -335,4 +346,9 @@ def render_multi(results: list[MultiResult]) -> str:
             if r.extra.get("shortfall_periods"):
                 parts.append(f"{res.policy}: {m} had demand the plan could not place in "
                              f"{r.extra['shortfall_periods']} control periods")
+    starts = {m: r.extra["start_fleet"] for m, r in results[0].per_model.items()
+              if "start_fleet" in r.extra} if results else {}
+    parts.append("every policy starts from the same on-demand fleet live at t=0: "
+                 + ", ".join(f"{m} {f or 'none'}" for m, f in starts.items()) if starts
+                 else "each policy starts from its own fleet")
     return "\n".join(parts)

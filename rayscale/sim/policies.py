@@ -173,6 +173,15 @@ class RayscalePolicy(Policy):
     def control(self, now: float, sim: Simulation) -> None:
         self._step(now, sim, sim.signals(now))
 
+    def extra(self) -> dict[str, Any]:
+        """Where SLO feedback left each model (rayscale.core.feedback): its factor on demand and the
+        smoothed attainment that moved it."""
+        out: dict[str, Any] = {}
+        for model, rec in sorted(self.state.delivered.items()):
+            out[f"feedback_factor_{model}"] = rec.factor
+            out[f"feedback_attainment_{model}"] = rec.attainment
+        return out
+
 
 class StaticPeakPolicy(Policy):
     """The core planner fed the trace's peak rate every period; acts through ``decide`` (rayscale.sim.fleet_act)."""

@@ -267,7 +267,19 @@ class Simulation:
             kv_usage=eng.kv_usage(), per_flavor=per_flavor,
             arrival_counts=self.arrival_counts(now), arrival_bin_s=self.cfg.control_period_s,
             prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s),
+            finished=float(len(done)), slo_met=self._met_share(done),
         )
+
+    def _met_share(self, done: np.ndarray) -> float | None:
+        """Share of these finished (or failed) requests within both SLO targets, read as the controller reads
+        it from two histograms that do not pair a request's TTFT with its TPOT (rayscale.signals.window.
+        met_share): one minus the TTFT misses minus the TPOT misses, a request missing both counted twice."""
+        if not len(done):
+            return None
+        slo, eng = self.spec.slo, self.engine
+        ttft_ok = (eng.status[done] == DONE) & (eng.ttft[done] <= slo.ttft_p95_s + 1e-9)
+        tpot_ok = (self.output[done] <= 1) | (eng.tpot[done] <= slo.tpot_p95_s + 1e-9)
+        return max(float(ttft_ok.mean()) - (1.0 - float(tpot_ok.mean())), 0.0)
 
     def _last_finished(self, k: int) -> np.ndarray:
         """Trace indices of the last ``k`` requests to finish (fewer if the kept span holds fewer)."""

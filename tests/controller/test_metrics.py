@@ -20,7 +20,8 @@ def test_record_becomes_series_on_the_endpoint() -> None:
     assert m.port
     rec = DecisionRecord(
         t=1.0,
-        signals={"mistral-7b": {"freshness": "fresh", "ttft_p95_s": 3.0, "tpot_p95_s": 0.05}},
+        signals={"mistral-7b": {"freshness": "fresh", "ttft_p95_s": 3.0, "tpot_p95_s": 0.05,
+                                "slo_delivered": 0.9975, "demand_factor": 0.92}},
         plan={"usd_per_h": 4.02, "entries": [{"model": "mistral-7b", "flavor": "a10g", "replicas": 3},
                                              {"model": "mistral-7b", "flavor": "l4", "replicas": 1}]},
         actions=[], errors=["x"], durations_ms={"observe": 20.0, "plan": 5.0}, gangs={},
@@ -34,6 +35,8 @@ def test_record_becomes_series_on_the_endpoint() -> None:
     assert 'rayscale_gangs{flavor="a10g",phase="pending"} 1.0' in text
     assert 'rayscale_nodes{flavor="a10g"} 2.0' in text
     assert 'rayscale_slo_attainment{model="mistral-7b"} 0.0' in text  # TTFT p95 3 s > 2 s SLO
+    assert 'rayscale_slo_delivered{model="mistral-7b"} 0.9975' in text
+    assert 'rayscale_demand_factor{model="mistral-7b"} 0.92' in text
     assert "rayscale_usd_per_hour 4.02" in text and "rayscale_errors 1.0" in text
     assert "rayscale_decision_latency_seconds_count 1.0" in text
 
@@ -42,6 +45,7 @@ def test_grafana_dashboard_queries_only_exported_series() -> None:
     dash = json.loads((ROOT / "deployments/grafana/rayscale.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
     names = {"ray_" + PREFIX + n for n in ("desired_replicas", "actual_replicas", "gangs", "nodes", "slo_attainment",
+                                           "slo_delivered", "demand_factor",
                                            "usd_per_hour", "decision_latency_seconds_bucket")}
     used = {w for e in exprs for w in names if w in e}
     assert used == names

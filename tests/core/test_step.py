@@ -32,7 +32,7 @@ def test_controller_and_simulator_call_the_same_step_with_the_shipped_settings()
 
     raw = yaml.safe_load(shipped.read_text())
     assert set(raw) == set(Settings.__dataclass_fields__)  # every knob is written out, none unknown
-    for section in ("estimate", "planner", "act"):
+    for section in ("estimate", "planner", "act", "feedback"):
         assert set(raw[section]) == set(type(getattr(Settings(), section)).__dataclass_fields__)
 
 

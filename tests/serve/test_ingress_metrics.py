@@ -78,3 +78,20 @@ def test_ingress_exports_in_flight_accepted_and_client_ttft(tiny_vllm_app: str) 
     # First bytes came within a second of arrival on an idle replica (the emulated prefill is milliseconds).
     under_1s = after.get(CLIENT_TTFT + "_bucket@1.0", 0.0) - before.get(CLIENT_TTFT + "_bucket@1.0", 0.0)
     assert under_1s >= n
+
+    # What the fleet delivered against the model's SLO, read back from the same series by the controller:
+    # every first byte within the TTFT target, every answer's time per token within the TPOT target.
+    def delivered(targets: tuple[float, float]) -> Any:
+        scraper = MetricsScraper()
+        try:
+            end = scraper.scrape(time.time())
+        finally:
+            scraper.close()
+        return aggregate([first, end], now=end.t, window_s=end.t - first.t + 1.0, models=[EMULATED_MODEL],
+                         slo_targets={EMULATED_MODEL: targets})[EMULATED_MODEL]
+
+    sig = wait_for(lambda: (s := delivered((2.0, 0.1))).finished is not None and s.finished >= n and s,
+                   timeout_s=30, what="the engines' finished requests exported")
+    assert sig.slo_met == pytest.approx(1.0)
+    # A TTFT target no first byte met: the same window reads as all missed.
+    assert delivered((1e-4, 0.1)).slo_met == pytest.approx(0.0, abs=0.05)

@@ -13,11 +13,14 @@ from rayscale.signals.window import (
     ING_WAITING,
     RUNNING,
     SERVE_QUEUED,
+    TPOT,
     TTFT,
     WAITING,
     Scrape,
     SeriesKey,
     aggregate,
+    histogram_quantile,
+    histogram_share,
     labels,
     parse_prometheus,
 )
@@ -100,3 +103,32 @@ def test_the_scraper_keeps_ingress_and_serve_series() -> None:
     assert series[(IN_FLIGHT, labels(model="m", replica="i1"))] == 7.0
     assert sum(1 for name, _ in series if name == SERVE_QUEUED) == 1
     assert not [name for name, _ in series if name.startswith("ray_serve_num_router")]
+
+
+def test_histogram_share_is_the_inverse_of_histogram_quantile() -> None:
+    buckets = {0.1: 10.0, 0.5: 60.0, 1.0: 90.0, float("inf"): 100.0}
+    for x in (0.05, 0.3, 0.5, 0.9):
+        share = histogram_share(x, buckets)
+        assert share is not None and histogram_quantile(share, buckets) == pytest.approx(x)
+    assert histogram_share(5.0, buckets) == pytest.approx(0.9)  # past the last finite bucket: unknown, a miss
+    assert histogram_share(0.3, {}) is None and histogram_share(0.3, {1.0: 0.0}) is None
+
+
+def test_the_met_share_reads_the_clients_ttft_and_the_engines_tpot_against_the_model_slo() -> None:
+    def engine(t: float, n: float, tpot_slow: float) -> dict[SeriesKey, float]:
+        lb = labels(model="m", flavor="l40s", ReplicaId="r1")
+        out = {(TTFT + "_count", lb): n, (TPOT + "_count", lb): n, (RUNNING, lb): 4.0}
+        for le, c in ((0.05, n - tpot_slow), (0.2, n), (float("inf"), n)):
+            out[(TPOT + "_bucket", tuple(sorted((*lb, ("le", str(le))))))] = c
+        for le, c in ((0.5, n), (float("inf"), n)):  # every engine TTFT fast: the queue before is not in it
+            out[(TTFT + "_bucket", tuple(sorted((*lb, ("le", str(le))))))] = c
+        return out
+
+    # 100 requests in the window; the clients saw 4 first bytes past 1 s, the engines 2 slow TPOTs.
+    t0 = {**_ingress("m", "i1", 0, 0, 0, {1.0: 0, float("inf"): 0}), **engine(0.0, 0, 0)}
+    t1 = {**_ingress("m", "i1", 0, 0, 100, {1.0: 96, float("inf"): 100}), **engine(10.0, 100, 2)}
+    scrapes = [Scrape(0.0, t0), Scrape(10.0, t1)]
+    sig = aggregate(scrapes, now=10.0, slo_targets={"m": (1.0, 0.05)})["m"]
+    assert sig.finished == 100 and sig.slo_met == pytest.approx(0.94)
+    plain = aggregate(scrapes, now=10.0)["m"]
+    assert plain.slo_met is None and plain.finished is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -11,6 +12,7 @@ from rayscale.commands import simulate as simulate_cmd
 from rayscale.commands.simulate_multi import parse_model_traces
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog, FlavorLimits
+from rayscale.core.settings import Settings
 from rayscale.sim.multi import MultiConfig, MultiSimulation, simulate_models
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import load_spec
@@ -135,3 +137,23 @@ def test_cli_prints_one_object_per_policy_and_model(capsys: pytest.CaptureFixtur
     assert "one model at a time" in capsys.readouterr().err
     assert _cli(["simulate", "--policy", "rayscale"]) == 2
     assert "either --trace" in capsys.readouterr().err
+
+
+def test_from_cold_every_policy_starts_each_model_from_the_same_fleet() -> None:
+    from rayscale.sim.baselines import on_demand_only
+
+    cat = on_demand_only(CAT)
+    traces = _traces({"mistral-7b": 3.0, "qwen2-7b": 1.0}, hours=0.05)
+    # Settings of its own would have rayscale start from a larger fleet: the shared start overrides them.
+    own = Settings(estimate=replace(Settings().estimate, target_utilization=0.4))
+    cfg = MultiConfig(SimConfig(seed=1, same_start=True, settings=own))
+    first: dict[str, dict[str, dict[str, int]]] = {}
+    for policy in ("rayscale", "stock", "static-best"):
+        res = simulate_models(cat, traces, policy, cfg)
+        # The replicas live at the first timeline sample are the start fleet the result names.
+        first[policy] = {m: {f: int(v[0]) for f, v in r.timeline["replicas"].items() if v[0]}
+                         for m, r in res.per_model.items()}
+        for m, r in res.per_model.items():
+            assert first[policy][m]
+            assert r.extra["start_fleet"] == "+".join(f"{f}:{n}" for f, n in sorted(first[policy][m].items()))
+    assert first["rayscale"] == first["stock"] == first["static-best"]

@@ -129,6 +129,13 @@ def test_signals_count_completions_and_prefill_time_per_flavor():
         prefill = eng.ttft[sel] - eng.queue_s[sel]  # TTFT without the wait for a replica
         assert o.prefill_mean_s == pytest.approx(float(prefill.mean()), rel=1e-6)
         assert (prefill > 0).all() and (eng.queue_s[sel] >= 0).all()
+    # What the fleet delivered over the window, as the controller reads it from the TTFT and TPOT histograms
+    # (a request missing both counts twice): never above the share the result counts.
+    sig, slo = sim.signals(now), sim.spec.slo
+    ttft_ok, tpot_ok = eng.ttft[done] <= slo.ttft_p95_s, (sim.output[done] <= 1) | (eng.tpot[done] <= slo.tpot_p95_s)
+    assert sig.finished == len(done)
+    assert sig.slo_met == pytest.approx(max(ttft_ok.mean() - (1 - tpot_ok.mean()), 0.0))
+    assert sig.slo_met is not None and sig.slo_met <= (ttft_ok & tpot_ok).mean() + 1e-12
 
 
 def test_warmup_scores_only_later_requests_and_later_cost(results):

@@ -1,0 +1,103 @@
+"""SLO feedback: the attainment the fleet has delivered scales the demand it is sized for.
+
+The estimator sizes every moment for the SLO goal (``EstimateSettings.attainment`` of the requests within
+both targets) at a target utilisation below 1. The goal, though, counts all requests: traffic whose
+quiet hours meet every request can afford its peaks closer to the line, and traffic whose within-minute
+bursts the model of one replica does not see needs more than it says. Neither is known before the traffic
+is. So the step keeps the share of finished requests that met both targets, smoothed over
+``time_constant_s`` (weighted by requests, not windows), and a factor on each model's demand that it moves
+like an integral controller with a dead band: down by ``relax_per_h`` an hour while the delivered
+attainment is comfortably above the goal, up by ``tighten_per_h`` (in proportion to the shortfall) while it
+is below, and left alone in between. The shipped rates and bounds were chosen on the dev split
+(bench/results/tune.md). Like an error budget: misses not spent may be spent at the peaks, misses
+overspent are bought back. The rates are slow against a node start-up, so that what one change delivered
+is seen before the next: attainment falls off a cliff just below the capacity a load needs, and a factor
+that jumped with every reading would walk the fleet over it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from rayscale.core.signals import ModelSignals
+
+
+@dataclass(frozen=True)
+class FeedbackSettings:
+    enabled: bool = True
+    # Delivered attainment is smoothed over this long: about three node start-ups.
+    time_constant_s: float = 1800.0
+    # Slack = (delivered - goal) / (1 - goal): 1 when every request met the SLO, 0 at the goal. Above
+    # relax_above the factor falls by relax_per_h an hour, down to min_factor ...
+    relax_above: float = 0.5
+    relax_per_h: float = 0.6
+    min_factor: float = 0.8
+    # ... and below the goal it rises by tighten_per_h an hour at a slack of -1 (twice the allowed misses),
+    # in proportion to the shortfall, up to max_factor.
+    tighten_per_h: float = 0.3
+    max_factor: float = 1.1
+    # Requests the smoothed record must hold before it moves the factor (a few minutes of light traffic).
+    min_requests: float = 500.0
+
+    def __post_init__(self) -> None:
+        checks = {"time_constant_s": self.time_constant_s > 0, "relax_above": 0 <= self.relax_above < 1,
+                  "relax_per_h": self.relax_per_h >= 0, "min_factor": 0 < self.min_factor <= 1,
+                  "tighten_per_h": self.tighten_per_h >= 0, "max_factor": self.max_factor >= 1,
+                  "min_requests": self.min_requests >= 0}
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"FeedbackSettings.{name} is out of range, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One model's finished and SLO-meeting requests per second, smoothed; ``requests``: how many finished
+    requests the record has seen in all (capped: it gates the factor, nothing else); ``factor``: what its
+    demand is multiplied by."""
+
+    finished_rps: float
+    met_rps: float
+    requests: float
+    at_s: float
+    factor: float = 1.0
+
+    @property
+    def attainment(self) -> float | None:
+        return self.met_rps / self.finished_rps if self.finished_rps > 0 else None
+
+
+def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, now: float, goal: float,
+              settings: FeedbackSettings) -> Delivered | None:
+    """``previous`` moved towards this window's finished and met rates, and its factor by what the smoothed
+    attainment says (``next_factor``); unchanged when the signals say nothing about attainment (a window
+    with no finished requests, or latency not observed)."""
+    if sig.slo_met is None or not sig.finished:
+        return previous
+    finished = sig.finished / window_s
+    met = finished * min(max(sig.slo_met, 0.0), 1.0)
+    if previous is None:
+        return Delivered(finished, met, sig.finished, now)
+    dt = max(now - previous.at_s, 0.0)
+    a = 1.0 - math.exp(-dt / settings.time_constant_s)
+    rec = Delivered(previous.finished_rps + a * (finished - previous.finished_rps),
+                    previous.met_rps + a * (met - previous.met_rps),
+                    min(previous.requests + finished * dt, 1e12), now, previous.factor)
+    return replace(rec, factor=next_factor(rec, dt, goal, settings))
+
+
+def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSettings) -> float:
+    """The record's factor after ``dt`` seconds more of its smoothed attainment (the dead band's controller
+    of the module docstring); 1 while disabled."""
+    att = record.attainment
+    if not settings.enabled:
+        return 1.0
+    if att is None or record.requests < settings.min_requests:
+        return record.factor
+    slack = (att - goal) / max(1.0 - goal, 1e-9)
+    hours = dt / 3600.0
+    if slack > settings.relax_above:
+        return max(record.factor - settings.relax_per_h * hours, settings.min_factor)
+    if slack < 0:
+        return min(record.factor + settings.tighten_per_h * min(-slack, 1.0) * hours, settings.max_factor)
+    return record.factor

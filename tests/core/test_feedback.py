@@ -1,0 +1,102 @@
+"""SLO feedback: the attainment delivered moves a bounded factor on demand, slowly down and faster up."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from rayscale.config import load_catalog
+from rayscale.core.act import Gang, GangPhase
+from rayscale.core.feedback import Delivered, FeedbackSettings, delivered, next_factor
+from rayscale.core.settings import Settings
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.step import ServeView, StepContext, StepState, step
+
+FB = FeedbackSettings()
+GOAL = 0.99
+MIX = RequestMix(prompt_mean=500, output_mean=100, prompt_p95=1500)
+
+
+def _sig(finished: float | None, met: float | None, rate: float = 3.0) -> ModelSignals:
+    return ModelSignals("mistral-7b", Freshness.FRESH, 0.0, rate, MIX, waiting=0.0, finished=finished,
+                        slo_met=met)
+
+
+def _record(att: float, factor: float = 1.0, requests: float = 1e5) -> Delivered:
+    return Delivered(10.0, 10.0 * att, requests, 0.0, factor)
+
+
+def test_the_factor_falls_slowly_when_every_request_meets_the_slo_and_stops_at_its_floor() -> None:
+    quarter = next_factor(_record(1.0), 900.0, GOAL, FB)
+    assert quarter == pytest.approx(1.0 - FB.relax_per_h / 4)
+    assert next_factor(_record(1.0, factor=0.81), 3600.0, GOAL, FB) == FB.min_factor
+    # In the dead band (between the goal and relax_above of the allowed misses) it stays where it is.
+    assert next_factor(_record(0.992, factor=0.9), 3600.0, GOAL, FB) == 0.9
+
+
+def test_the_factor_rises_with_the_shortfall_and_stops_at_its_ceiling() -> None:
+    half = next_factor(_record(0.985), 180.0, GOAL, FB)  # half the allowed misses again: slack -0.5
+    full = next_factor(_record(0.97), 180.0, GOAL, FB)  # slack -2, counted as -1
+    assert half == pytest.approx(1.0 + 0.5 * FB.tighten_per_h / 20)
+    assert full == pytest.approx(1.0 + FB.tighten_per_h / 20) and full > half
+    assert next_factor(_record(0.5, factor=1.2), 3600.0, GOAL, FB) == FB.max_factor
+
+
+def test_a_young_record_or_feedback_off_leaves_demand_alone() -> None:
+    assert next_factor(_record(1.0, requests=10.0), 3600.0, GOAL, FB) == 1.0
+    assert next_factor(_record(1.0, factor=0.9), 3600.0, GOAL, replace(FB, enabled=False)) == 1.0
+
+
+def test_the_record_weighs_windows_by_their_requests_and_ignores_windows_without_latency() -> None:
+    rec = delivered(None, _sig(300.0, 1.0), 30.0, 0.0, GOAL, FB)
+    assert rec is not None and rec.attainment == 1.0 and rec.requests == 300.0
+    # A quiet perfect window then a busy one in which a fifth missed: the busy one dominates.
+    busy = delivered(rec, _sig(3000.0, 0.8), 30.0, FB.time_constant_s, GOAL, FB)
+    assert busy is not None and busy.attainment is not None
+    assert busy.attainment < 0.8 + 0.2 * 0.25
+    assert delivered(busy, _sig(None, None), 30.0, 2 * FB.time_constant_s, GOAL, FB) is busy
+    assert delivered(busy, _sig(0.0, None), 30.0, 2 * FB.time_constant_s, GOAL, FB) is busy
+
+
+def _ctx(now: float, gangs: tuple[Gang, ...], state: StepState, sig: ModelSignals) -> StepContext:
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    return StepContext(now, cat, {"mistral-7b": sig}, gangs, ServeView({}, {}), Settings(), state)
+
+
+def test_the_step_scales_demand_by_the_factor_and_says_why() -> None:
+    sig = _sig(300.0, 1.0, rate=20.0)
+    plain = step(_ctx(0.0, (), StepState(), sig)).demands["mistral-7b"]
+    relaxed = step(_ctx(0.0, (), StepState(delivered={"mistral-7b": _record(1.0, factor=0.8)}), sig))
+    d = relaxed.demands["mistral-7b"]
+    assert d.rps == pytest.approx(0.8 * plain.rps)
+    assert "x0.80" in d.reason and "100.00% of requests meeting the SLO" in d.reason
+    assert sum(e.replicas for e in relaxed.plan.entries) < sum(e.replicas for e in step(
+        _ctx(0.0, (), StepState(), sig)).plan.entries)
+
+
+def test_the_record_starts_once_the_fleet_stands_as_planned() -> None:
+    sig = _sig(300.0, 0.5)  # the misses of a cold start: nothing yet serves
+    cold = step(_ctx(0.0, (), StepState(), sig))
+    assert "mistral-7b" not in cold.state.delivered
+    want = sum(e.replicas for e in cold.plan.entries)
+    up = tuple(Gang(f"g{i}", "mistral-7b", "l40s", "on-demand", "z", "g6e.xlarge", 1, GangPhase.READY, 0.0,
+                    serving=1) for i in range(want))
+    pending = (*up[:-1], replace(up[-1], phase=GangPhase.PENDING, serving=0))
+    assert "mistral-7b" not in step(_ctx(5.0, pending, cold.state, sig)).state.delivered
+    standing = step(_ctx(5.0, up, cold.state, _sig(300.0, 1.0)))
+    assert standing.state.delivered["mistral-7b"].attainment == 1.0
+
+
+def test_misses_of_a_model_served_best_effort_do_not_move_its_record() -> None:
+    from rayscale.core.chunk import pin_chunks
+
+    full = pin_chunks(load_catalog()).subset(["mistral-7b"])
+    cat = full.subset(["mistral-7b"], [f for f in full.models["mistral-7b"].parallelism if f != "h100"])
+    long = RequestMix(12000, 340, 39000)  # no flavor left meets a 2 s TTFT for a 39k-token prompt
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 1.0, long, waiting=0.0, finished=300.0, slo_met=0.6)
+    rec = _record(0.6)
+    first = step(StepContext(0.0, cat, {"mistral-7b": sig}, (), ServeView({}, {}), Settings(),
+                             StepState(delivered={"mistral-7b": rec})))
+    assert first.demands["mistral-7b"].best_effort
+    assert first.state.delivered["mistral-7b"] is rec
