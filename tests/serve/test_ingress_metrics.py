@@ -12,7 +12,7 @@ import pytest
 
 from rayscale.serve.metrics import INGRESS_EXPORTED, INGRESS_IN_FLIGHT, INGRESS_TTFT, scrape_metrics
 from rayscale.signals.scrape import MetricsScraper
-from rayscale.signals.window import ACCEPTED, CLIENT_TTFT, IN_FLIGHT, aggregate
+from rayscale.signals.window import ACCEPTED, CLIENT_TTFT, IN_FLIGHT, TPOT, aggregate
 from tests.conftest import EMULATED_MODEL, wait_for
 
 SLOW_TOKENS = 300  # ~10 s on the emulated A10G profile: long enough to be seen in flight
@@ -79,19 +79,36 @@ def test_ingress_exports_in_flight_accepted_and_client_ttft(tiny_vllm_app: str) 
     under_1s = after.get(CLIENT_TTFT + "_bucket@1.0", 0.0) - before.get(CLIENT_TTFT + "_bucket@1.0", 0.0)
     assert under_1s >= n
 
-    # What the fleet delivered against the model's SLO, read back from the same series by the controller:
-    # every first byte within the TTFT target, every answer's time per token within the TPOT target.
-    def delivered(targets: tuple[float, float]) -> Any:
-        scraper = MetricsScraper()
-        try:
-            end = scraper.scrape(time.time())
-        finally:
-            scraper.close()
-        return aggregate([first, end], now=end.t, window_s=end.t - first.t + 1.0, models=[EMULATED_MODEL],
-                         slo_targets={EMULATED_MODEL: targets})[EMULATED_MODEL]
+    # What the fleet delivered against the model's SLO, read back from the same series by the controller, over
+    # a window in which n short requests finished (a counter first seen inside a window counts from there, so
+    # the window opens once the engines export the TPOT histogram): every first byte within the TTFT target,
+    # every answer's time per token within the TPOT target.
+    scraper = MetricsScraper()
 
-    sig = wait_for(lambda: (s := delivered((2.0, 0.1))).finished is not None and s.finished >= n and s,
-                   timeout_s=30, what="the engines' finished requests exported")
-    assert sig.slo_met == pytest.approx(1.0)
-    # A TTFT target no first byte met: the same window reads as all missed.
-    assert delivered((1e-4, 0.1)).slo_met == pytest.approx(0.0, abs=0.05)
+    def with_tpot() -> Any:
+        x = scraper.scrape(time.time())
+        return x if any(name == TPOT + "_count" and dict(lb).get("model") == EMULATED_MODEL
+                        for name, lb in x.series) else None
+
+    try:
+        start = wait_for(with_tpot, timeout_s=30, what="the engines' TPOT histogram exported")
+        short: list[Any] = []
+        batch = [threading.Thread(target=_stream, args=(base, 30, short)) for _ in range(n)]
+        for t in batch:
+            t.start()
+        for t in batch:
+            t.join(timeout=120)
+        assert len(short) == n and all(status == 200 for status, _ in short), short
+
+        def delivered(targets: tuple[float, float]) -> Any:
+            end = scraper.scrape(time.time())
+            return aggregate([start, end], now=end.t, window_s=end.t - start.t + 1.0, models=[EMULATED_MODEL],
+                             slo_targets={EMULATED_MODEL: targets})[EMULATED_MODEL]
+
+        sig = wait_for(lambda: (x := delivered((2.0, 0.1))).finished is not None and x.finished >= n and x,
+                       timeout_s=30, what="the engines' finished requests exported")
+        assert sig.slo_met == pytest.approx(1.0)
+        # A TTFT target no first byte met: the same window reads as all missed.
+        assert delivered((1e-4, 0.1)).slo_met == pytest.approx(0.0, abs=0.05)
+    finally:
+        scraper.close()
