@@ -83,7 +83,9 @@ def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, no
     rec = Delivered(previous.finished_rps + a * (finished - previous.finished_rps),
                     previous.met_rps + a * (met - previous.met_rps),
                     min(previous.requests + finished * dt, 1e12), now, previous.factor)
-    return replace(rec, factor=next_factor(rec, dt, goal, settings))
+    # Only observed time moves the factor: a model idle overnight (no request finished) has not earned a
+    # night's worth of relaxing by its first morning window.
+    return replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings))
 
 
 def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSettings) -> float:

@@ -56,6 +56,10 @@ def test_the_record_weighs_windows_by_their_requests_and_ignores_windows_without
     assert busy is not None and busy.attainment is not None
     assert busy.attainment < 0.8 + 0.2 * 0.25
     assert delivered(busy, _sig(None, None), 30.0, 2 * FB.time_constant_s, GOAL, FB) is busy
+    # After a night with nothing finished, the first window moves the factor by one window's worth only.
+    perfect = replace(_record(1.0), at_s=0.0)
+    morning = delivered(perfect, _sig(300.0, 1.0), 30.0, 8 * 3600.0, GOAL, FB)
+    assert morning is not None and morning.factor == pytest.approx(1.0 - FB.relax_per_h * 30.0 / 3600.0)
     assert delivered(busy, _sig(0.0, None), 30.0, 2 * FB.time_constant_s, GOAL, FB) is busy
 
 
