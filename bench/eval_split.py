@@ -19,6 +19,8 @@ product with a ``request_mix`` declared from another draw of the same traffic, a
 it from yesterday's logs, which also picks each flavor's prefill chunk), seeds draw new arrivals
 (trace files are resampled per seed, ``Trace.resample``), and steady state warms up on another draw of the
 same traffic (seed + 1000) before the scored one. On-demand capacity only (spot is reported apart).
+``rayscale, restarted`` (steady state only): the product whose controller restarted 30 min before scoring,
+its state lost (rate history, corrections, SLO feedback's record), the cluster unchanged.
 
 Splits: ``dev`` is the traffic the shipped settings were tuned on (bench/results/sim_policies.md,
 burst_floor.md, scale_down_moves.md); ``held-out`` is traffic no setting was ever tried on.
@@ -37,13 +39,15 @@ from bench.common import ROOT, machine, span
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog
 from rayscale.sim.baselines import on_demand_only
-from rayscale.sim.policies import POLICIES
+from rayscale.sim.policies import POLICIES, RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import WARMUP_SEED_OFFSET, load_spec, with_warmup_draw
 from rayscale.sim.trace import Trace
 
 MODEL = "mistral-7b"
 DECLARED = "rayscale+mix"  # the product with a request_mix declared from another draw of the traffic
+RESTARTED = "rayscale, restarted"  # steady state only: the controller restarted 30 min before scoring
+RESTART_BEFORE_S = 1800.0
 TRACES = ROOT.parent / "shared" / "traces"
 # (split, label, trace spec, time scale, rate scale)
 CASES: list[tuple[str, str, str, float, float]] = [
@@ -74,7 +78,10 @@ def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
     cfg = SimConfig(model=MODEL, seed=seed, warmup_s=warm, same_start=not steady)
     # What an operator could declare before this traffic: the request shape of another day (another draw).
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
-    runs = [(name, cat, name) for name in POLICIES] + [(DECLARED, cat.with_request_mix(MODEL, prior), "rayscale")]
+    runs: list[tuple[str, Catalog, str | RayscalePolicy]] = [(name, cat, name) for name in POLICIES]
+    runs.append((DECLARED, cat.with_request_mix(MODEL, prior), "rayscale"))
+    if steady:  # its state (rate history, corrections, SLO feedback's record) lost; the cluster unchanged
+        runs.append((RESTARTED, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S)))
     out: list[dict[str, Any]] = []
     for name, catalog, policy in runs:
         t0 = time.perf_counter()
@@ -99,7 +106,7 @@ def table(rows: list[dict[str, Any]], steady: bool) -> str:
             continue
         cv = {r["seed"]: r["usd"] for r in sel if r["policy"] == "clairvoyant"}
         sb = {r["seed"]: r["usd"] for r in sel if r["policy"] == "static-best"}
-        for p in (*POLICIES, DECLARED):
+        for p in (*POLICIES, DECLARED, RESTARTED):
             pr = [r for r in sel if r["policy"] == p]
             if not pr:
                 continue
@@ -121,7 +128,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     cases = sorted({r["case"] for r in rows})
     fig, axes = plt.subplots(2, len(cases), figsize=(3.6 * len(cases), 6.6), squeeze=False)
-    colors = {"rayscale": "tab:red", DECLARED: "tab:orange", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
+    colors = {"rayscale": "tab:red", DECLARED: "tab:orange", RESTARTED: "tab:purple", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
               "fluid-bound": "tab:green"}
     for j, case in enumerate(cases):
         for i, steady in enumerate((False, True)):

@@ -4,16 +4,20 @@
 
 Each variant is the shipped settings (rayscale/data/settings.yaml) with one or two knobs changed. Every
 variant runs the product (``rayscale``, no request mix declared) on the dev traffic of bench.eval_split only
-(the held-out cases are never run here), per seed in steady state (warmed up on another draw) and from cold.
+(the held-out cases are never run here), per seed in steady state (warmed up on another draw), in steady
+state with the controller restarted 30 min before scoring (its state lost: rate history, corrections, SLO
+feedback's record), and from cold.
 
-Rule: among the variants whose steady-state mean SLO attainment on every dev trace is >= 99% (or, on a trace
-where the shipped settings miss 99%, no more than 0.1 pt below theirs) and whose from-cold mean is no more
-than one point below the shipped settings' on any dev trace, ship the one with the lowest steady-state cost
-summed over the dev traces (mean over seeds), if that is at least 1% below the shipped settings' (else the
-shipped ones stay). The held-out split then reports it (bench.eval_split). From cold here means each variant
-starts from the fleet it orders for the first 30 s. (The 0.1-pt clause was added when the shipped settings
-themselves missed 99% on the Azure code trace: without it the rule could not prefer a variant that meets the
-SLO as well and costs less.)
+Rule: among the variants whose mean SLO attainment on every dev trace is >= 99% (or, on a trace where the
+shipped settings miss 99%, no more than 0.1 pt below theirs), both in steady state and after the restart, and
+whose from-cold mean is no more than one point below the shipped settings' on any dev trace, ship the one with
+the lowest steady-state cost summed over the dev traces (mean over seeds), if that is at least 1% below the
+shipped settings' (else the shipped ones stay). The held-out split then reports it (bench.eval_split). From
+cold here means each variant starts from the fleet it orders for the first 30 s. (The 0.1-pt clause was added
+when the shipped settings themselves missed 99% on the Azure code trace: without it the rule could not prefer
+a variant that meets the SLO as well and costs less. The restart clause was added when SLO feedback's record
+turned out to carry the warm-up's start-up misses into the scored hour: a factor relaxed over a calm half
+hour, as after a restart, met 96.6% on the Azure code trace where the steady state said 99%.)
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from bench.common import machine, span
 from bench.eval_split import CASES, MODEL, case_run
 from rayscale.core.settings import Settings
+from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.tables import format_table
 
@@ -53,41 +58,49 @@ def variants() -> dict[str, Settings]:
         "no SLO feedback": replace(s, feedback=replace(fb, enabled=False)),
         "feedback relax 0.2/h": replace(s, feedback=replace(fb, relax_per_h=0.2)),
         "feedback relax 0.4/h": replace(s, feedback=replace(fb, relax_per_h=0.4)),
-        "feedback relax above 0.25": replace(s, feedback=replace(fb, relax_above=0.25)),
+        "feedback relax above 0.5": replace(s, feedback=replace(fb, relax_above=0.5)),
         "feedback min 0.7": replace(s, feedback=replace(fb, min_factor=0.7)),
         "feedback tighten 1.0/h": replace(s, feedback=replace(fb, tighten_per_h=1.0)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
+        "feedback relaxes the burst floor": replace(s, feedback=replace(fb, relax_burst_floor=True)),
+        "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
+        "hysteresis band 0.15": replace(s, planner=replace(pl, hysteresis_band=0.15)),
     }
 
 
-def one(variant: str, case: int, seed: int, steady: bool) -> dict[str, Any]:
-    cat, trace, warm = case_run(case, seed, steady)
+STARTS = ("steady", "restart", "cold")
+RESTART_BEFORE_S = 1800.0  # the restarted controller's last state is lost this long before scoring
+
+
+def one(variant: str, case: int, seed: int, start: str) -> dict[str, Any]:
+    cat, trace, warm = case_run(case, seed, start != "cold")
     t0 = time.perf_counter()
-    r = simulate(cat, trace, "rayscale", SimConfig(model=MODEL, seed=seed, warmup_s=warm,
-                                                  settings=variants()[variant]))
-    print(f"  {variant} / {CASES[case][1]} seed={seed} {'steady' if steady else 'cold'}: "
+    settings = variants()[variant]
+    policy = RayscalePolicy(settings, restart_at_s=warm - RESTART_BEFORE_S if start == "restart" else None)
+    r = simulate(cat, trace, policy, SimConfig(model=MODEL, seed=seed, warmup_s=warm, settings=settings))
+    print(f"  {variant} / {CASES[case][1]} seed={seed} {start}: "
           f"{100 * r.slo_attainment:.2f}% ${r.cost_usd:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return {"variant": variant, "case": case, "seed": seed, "steady": steady, "slo": r.slo_attainment,
+    return {"variant": variant, "case": case, "seed": seed, "start": start, "slo": r.slo_attainment,
             "usd": r.cost_usd}
 
 
 def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str, str]]:
     """The rule of the module docstring; per variant, why it was not chosen."""
-    def mean(v: str, c: int, steady: bool, key: str) -> float:
-        return statistics.mean(r[key] for r in rows if (r["variant"], r["case"], r["steady"]) == (v, c, steady))
+    def mean(v: str, c: int, start: str, key: str) -> float:
+        return statistics.mean(r[key] for r in rows if (r["variant"], r["case"], r["start"]) == (v, c, start))
     why: dict[str, str] = {}
     ok = []
     for v in sorted({r["variant"] for r in rows}):
-        low = [CASES[c][1] for c in cases
-               if mean(v, c, True, "slo") < min(0.99, mean(SHIPPED, c, True, "slo") - SLO_SLACK)]
-        cold = [CASES[c][1] for c in cases if mean(v, c, False, "slo") < mean(SHIPPED, c, False, "slo") - 0.01]
+        low = [f"{CASES[c][1]} ({start})" for c in cases for start in ("steady", "restart")
+               if mean(v, c, start, "slo") < min(0.99, mean(SHIPPED, c, start, "slo") - SLO_SLACK)]
+        cold = [CASES[c][1] for c in cases if mean(v, c, "cold", "slo") < mean(SHIPPED, c, "cold", "slo") - 0.01]
         if low:
-            why[v] = "steady SLO < 99% (and below shipped) on " + ", ".join(low)
+            why[v] = "SLO < 99% (and below shipped) on " + ", ".join(low)
         elif cold:
             why[v] = "from cold > 1 pt below shipped on " + ", ".join(cold)
         else:
-            ok.append((sum(mean(v, c, True, "usd") for c in cases), v))
+            ok.append((sum(mean(v, c, "steady", "usd") for c in cases), v))
     shipped = next((cost for cost, v in ok if v == SHIPPED), None)
     best = min(ok)[1] if ok else SHIPPED
     if shipped is not None and min(ok)[0] > (1 - TIE) * shipped:
@@ -102,23 +115,23 @@ def table(rows: list[dict[str, Any]], cases: list[int], why: dict[str, str]) -> 
     out = []
     for v in variants():
         for c in cases:
-            for steady in (True, False):
-                sel = [r for r in rows if (r["variant"], r["case"], r["steady"]) == (v, c, steady)]
+            for start in STARTS:
+                sel = [r for r in rows if (r["variant"], r["case"], r["start"]) == (v, c, start)]
                 if sel:
-                    out.append([v, CASES[c][1], "steady" if steady else "cold", span([r["slo"] for r in sel], True),
-                                span([r["usd"] for r in sel], False), why.get(v, "") if c == cases[0] and steady
-                                else ""])
+                    out.append([v, CASES[c][1], start, span([r["slo"] for r in sel], True),
+                                span([r["usd"] for r in sel], False), why.get(v, "") if c == cases[0] and start
+                                == STARTS[0] else ""])
     return format_table(["variant", "traffic", "start", "SLO min/mean/max", "$ min/mean/max", "verdict"], out)
 
 
-_LINE = re.compile(r"^  (?P<v>.+) / (?P<label>.+) seed=(?P<seed>\d+) (?P<mode>steady|cold): (?P<slo>[\d.]+)% "
+_LINE = re.compile(r"^  (?P<v>.+) / (?P<label>.+) seed=(?P<seed>\d+) (?P<mode>steady|restart|cold): (?P<slo>[\d.]+)% "
                    r"\$(?P<usd>[\d.]+)")
 
 
 def rows_from_log(text: str) -> list[dict[str, Any]]:
     """The rows a run printed (its progress lines): to re-apply the rule without re-running."""
     case_of = {label: i for i, (_, label, *_rest) in enumerate(CASES)}
-    return [{"variant": m["v"], "case": case_of[m["label"]], "seed": int(m["seed"]), "steady": m["mode"] == "steady",
+    return [{"variant": m["v"], "case": case_of[m["label"]], "seed": int(m["seed"]), "start": m["mode"],
              "slo": float(m["slo"]) / 100, "usd": float(m["usd"])}
             for m in map(_LINE.match, text.splitlines()) if m]
 
@@ -134,7 +147,7 @@ def main() -> int:
     seeds = [int(x) for x in args.seeds.split(",")]
     names = [v for v in variants() if not args.variants or v in args.variants.split(",") or v == SHIPPED]
     cases = [i for i, c in enumerate(CASES) if c[0] == "dev"]
-    jobs = [(v, c, s, st) for v in names for c in cases for s in seeds for st in (True, False)]
+    jobs = [(v, c, s, st) for v in names for c in cases for s in seeds for st in STARTS]
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     if args.from_log:

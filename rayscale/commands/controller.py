@@ -34,7 +34,11 @@ def register(sub: Any) -> None:
                         "the RayService's status every period (replaces --raycluster)")
     p.add_argument("--dashboard", default=None, help="kube: Ray dashboard URL (Serve API)")
     p.add_argument("--ray-address", default=None,
-                   help="kube: Ray GCS address for metrics discovery (default: the dashboard host, port 6379)")
+                   help="kube: Ray address for node discovery and routing weights (default: Ray Client on the "
+                        "dashboard host, ray://HOST:--ray-client-port)")
+    p.add_argument("--ray-client-port", type=int, default=10001,
+                   help="kube: Ray Client port on a RayCluster's head Service (KubeRay's default 10001); with "
+                        "--rayservice the driver follows each new cluster there")
     p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
@@ -42,7 +46,7 @@ def register(sub: Any) -> None:
                    help="local: run as a detached Ray actor on the head node (Ray restarts it if it dies)")
     p.add_argument("--stop", action="store_true", help="stop the detached controller actor")
     p.add_argument("--metrics-port", type=int, default=9108, help="Prometheus endpoint of the controller's own "
-                   "metrics (also exported through Ray as ray_rayscale_*); -1 disables it")
+                   "metrics (local: also exported through Ray as ray_rayscale_*); -1 disables it")
     p.set_defaults(handler=run)
 
 
@@ -50,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
     import gc
     import logging
     from pathlib import Path
-    from urllib.parse import urlparse
 
     import ray
 
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         except config.ConfigException:
             config.load_kube_config()
         dashboard = args.dashboard
-        address = args.ray_address or f"{urlparse(dashboard).hostname}:6379"
+        address = args.ray_address or ray_client_address(dashboard, args.ray_client_port)
         actuator = KubeActuator(cat, client.ApiClient(),
                                 KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
                                                    rayservice=args.rayservice,
@@ -135,10 +138,13 @@ def run(args: argparse.Namespace) -> int:
                      ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log)),
                      weights_sink=set_flavor_weights, leader=leader)
     if follow:  # a RayService's cluster changes at every upgrade: the Ray driver follows Serve there
-        ctl.on_serve_moved(_reconnect_ray)
+        ctl.on_serve_moved(lambda url: reconnect_ray(url, args.ray_client_port))
     from rayscale.controller.metrics import ControllerMetrics
 
-    metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0")
+    # On Kubernetes the driver is a Ray Client (no core worker here to record Ray metrics through): the
+    # Prometheus endpoint is what the cluster scrapes.
+    metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0",
+                                ray_metrics=args.actuator == "local")
     ctl.on_record(metrics.update)
     ctl.on_record(lambda r: print(record_line(r), flush=True))
     _stop_on_sigterm(ctl, term)
@@ -166,17 +172,27 @@ def _connected_endpoints() -> list[str]:
     return ray_metrics_endpoints() if ray.is_initialized() else []
 
 
-def _reconnect_ray(dashboard_url: str) -> None:
-    """The Ray driver (node discovery for metrics, the ingress's routing-weight store) on the cluster whose
-    dashboard Serve is now read from: its GCS is on the same head Service, port 6379."""
-    import logging
+def ray_client_address(dashboard_url: str, client_port: int = 10001) -> str:
+    """Ray Client on the head Service behind ``dashboard_url``. The controller pod runs no raylet, and a plain
+    GCS address needs one on the driver's host (``get_node_to_connect_for_driver`` in
+    ray/_private/services.py finds none and fails); Ray Client is Ray's API for a driver off the cluster.
+    KubeRay's head Service exposes it as port ``client`` (DefaultClientPort in
+    ray-operator/controllers/ray/utils/constant.go)."""
     from urllib.parse import urlparse
+
+    return f"ray://{urlparse(dashboard_url).hostname}:{client_port}"
+
+
+def reconnect_ray(dashboard_url: str, client_port: int = 10001) -> None:
+    """The Ray driver (node discovery for metrics, the ingress's routing-weight store) on the cluster whose
+    dashboard Serve is now read from, through Ray Client on the same head Service (``ray_client_address``)."""
+    import logging
 
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address=f"{urlparse(dashboard_url).hostname}:6379", logging_level=logging.ERROR)
+    ray.init(address=ray_client_address(dashboard_url, client_port), logging_level=logging.ERROR)
 
 
 def _stop_on_sigterm(ctl: Any, got: threading.Event) -> None:

@@ -155,7 +155,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             continue
         factor = rec.factor
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
-        out[name] = replace(d, rps=d.rps * factor, burst_rps=d.burst_rps * factor, reason=why)
+        burst = factor if factor > 1.0 or cfg.feedback.relax_burst_floor else 1.0
+        out[name] = replace(d, rps=d.rps * factor, burst_rps=d.burst_rps * burst, reason=why)
     return out
 
 

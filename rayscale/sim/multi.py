@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rayscale.cluster.actuator import apply_actions
+from rayscale.core import feedback
 from rayscale.core.act import CreateGang, Gang
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
@@ -234,12 +235,8 @@ class _Member(Policy):
         self.controller.control(now)
 
     def extra(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"shortfall_periods": self.controller.shortfall_periods.get(self.model, 0)}
-        rec = self.controller.state.delivered.get(self.model)
-        if rec is not None:  # where SLO feedback left this model, as RayscalePolicy.extra reports it
-            out[f"feedback_factor_{self.model}"] = rec.factor
-            out[f"feedback_attainment_{self.model}"] = rec.attainment
-        return out
+        mine = {m: r for m, r in self.controller.state.delivered.items() if m == self.model}
+        return {"shortfall_periods": self.controller.shortfall_periods.get(self.model, 0), **feedback.report(mine)}
 
 
 @dataclass(frozen=True)

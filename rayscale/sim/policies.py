@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rayscale.cluster.actuator import apply_actions
+from rayscale.core import feedback
 from rayscale.core.act import CreateGang, Key
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import (
@@ -138,14 +139,17 @@ def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, now: floa
 
 class RayscalePolicy(Policy):
     """The product: ``rayscale.core.step.step`` with the given settings (the shipped ones by default), acting
-    through the simulated cloud's provider (rayscale.sim.provider) as the controller acts through its own."""
+    through the simulated cloud's provider (rayscale.sim.provider) as the controller acts through its own.
+    ``restart_at_s``: the controller restarts then, losing its StepState (rate history, corrections, SLO
+    feedback's record); the cluster it reads back is unchanged."""
 
     name = "rayscale"
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, restart_at_s: float | None = None) -> None:
         self.settings = settings or Settings()
         self.state = StepState()
         self.provider: SimProvider | None = None
+        self.restart_at_s = restart_at_s
 
     def _step(self, now: float, sim: Simulation, signals: ModelSignals, warm: bool = False) -> None:
         provider = self.provider
@@ -171,16 +175,14 @@ class RayscalePolicy(Policy):
         self._step(0.0, sim, sim.initial_signals(), warm=True)
 
     def control(self, now: float, sim: Simulation) -> None:
+        if self.restart_at_s is not None and now >= self.restart_at_s:
+            self.state, self.restart_at_s = StepState(), None
         self._step(now, sim, sim.signals(now))
 
     def extra(self) -> dict[str, Any]:
         """Where SLO feedback left each model (rayscale.core.feedback): its factor on demand and the
         smoothed attainment that moved it."""
-        out: dict[str, Any] = {}
-        for model, rec in sorted(self.state.delivered.items()):
-            out[f"feedback_factor_{model}"] = rec.factor
-            out[f"feedback_attainment_{model}"] = rec.attainment
-        return out
+        return dict(feedback.report(self.state.delivered))
 
 
 class StaticPeakPolicy(Policy):

@@ -70,26 +70,15 @@ def test_the_token_is_the_one_rays_loader_finds(case: str, tmp_path: Path, monke
 
 # A Ray head with token auth in its own process: token mode is process-wide state in Ray.
 DASHBOARD_PROBE = """
-import json, os, shutil, socket, tempfile
+import json
 import httpx
-from ray.cluster_utils import Cluster
+from rayscale_testing.rayheads import free_port, own_temp_dir, start_head
 from rayscale.controller.serve_client import ServeClient, ServeClientError
 from rayscale_testing.waits import wait_for
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-tmp = tempfile.mkdtemp(prefix="rs-auth-", dir="/tmp")
-os.makedirs(os.path.join(tmp, "ray"))
-os.environ["RAY_TMPDIR"] = os.environ["TMPDIR"] = tmp
-dash = free_port()
-try:
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "num_gpus": 0, "node_ip_address": "127.0.0.2", "temp_dir": tmp,
-        "gcs_server_port": free_port(), "include_dashboard": True, "dashboard_host": "127.0.0.2",
-        "dashboard_port": dash, "metrics_export_port": free_port(), "object_store_memory": 80 * 2**20})
+with own_temp_dir("rs-auth-") as tmp:
+    dash = free_port()
+    cluster = start_head(tmp, include_dashboard=True, dashboard_host="127.0.0.2", dashboard_port=dash)
     try:
         url = f"http://127.0.0.2:{dash}"
         bare = wait_for(lambda: httpx.get(url + "/api/serve/applications/", timeout=5).status_code, 120,
@@ -103,8 +92,6 @@ try:
         print("RESULT " + json.dumps(out))
     finally:
         cluster.shutdown()
-finally:
-    shutil.rmtree(tmp, ignore_errors=True)
 """
 
 

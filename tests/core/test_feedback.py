@@ -8,10 +8,11 @@ import pytest
 
 from rayscale.config import load_catalog
 from rayscale.core.act import Gang, GangPhase
+from rayscale.core.estimate import Demand, DemandState
 from rayscale.core.feedback import Delivered, FeedbackSettings, delivered, next_factor
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
-from rayscale.core.step import ServeView, StepContext, StepState, step
+from rayscale.core.step import ServeView, StepContext, StepState, _with_feedback, step
 
 FB = FeedbackSettings()
 GOAL = 0.99
@@ -77,6 +78,19 @@ def test_the_step_scales_demand_by_the_factor_and_says_why() -> None:
     assert "x0.80" in d.reason and "100.00% of requests meeting the SLO" in d.reason
     assert sum(e.replicas for e in relaxed.plan.entries) < sum(e.replicas for e in step(
         _ctx(0.0, (), StepState(), sig)).plan.entries)
+
+
+@pytest.mark.parametrize(("factor", "relax_floor", "burst"), [(0.8, False, 50.0), (0.8, True, 40.0), (1.1, False, 55.0)])
+def test_a_relaxed_factor_leaves_the_burst_floor_alone_and_a_tightened_one_raises_it(
+    factor: float, relax_floor: bool, burst: float
+) -> None:
+    """The floor replays the last hour's arrivals against its own miss budget: a calm half hour that relaxed
+    the demand says nothing of the bursts it was sized for (FeedbackSettings.relax_burst_floor)."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX, burst_rps=50.0)
+    cfg = Settings(feedback=replace(FB, relax_burst_floor=relax_floor))
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.999, factor)}, cfg)["mistral-7b"]
+    assert got.rps == pytest.approx(10.0 * factor)
+    assert got.burst_rps == pytest.approx(burst)
 
 
 def test_the_record_starts_once_the_fleet_stands_as_planned() -> None:

@@ -12,7 +12,7 @@ import pytest
 from rayscale.commands import simulate as simulate_cmd
 from rayscale.config import load_catalog
 from rayscale.core.settings import Settings
-from rayscale.sim.policies import POLICIES, StockConfig, StockPolicy
+from rayscale.sim.policies import POLICIES, RayscalePolicy, StockConfig, StockPolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
 from rayscale.sim.sources import TraceSpecError, load_spec
 
@@ -266,3 +266,19 @@ def test_the_burst_floor_holds_capacity_for_bursts_within_the_minute(capsys):
     on, off = runs["--burst-floor"], runs["--no-burst-floor"]
     assert on["slo_attainment"] > off["slo_attainment"] + 0.03
     assert on["ttft_p95_s"] < off["ttft_p95_s"]
+
+
+def test_a_restarted_controller_keeps_the_fleet_serving_and_starts_its_record_again():
+    """A restart loses the step's state (rate history, corrections, SLO feedback's record), never the cluster:
+    the fleet it reads back keeps serving, and the record starts again once that fleet stands as planned."""
+    tr = load_spec("gen:poisson:rate=4,hours=1", seed=3)
+    plain, restarted = RayscalePolicy(), RayscalePolicy(restart_at_s=1800.0)
+    a = simulate(CAT, tr, plain, SimConfig(seed=3))
+    b = simulate(CAT, tr, restarted, SimConfig(seed=3))
+    assert restarted.restart_at_s is None  # it did restart
+    assert b.failed_requests == 0 and b.slo_attainment > 0.98
+    after = b.timeline["sample_t_s"] > 1800.0
+    assert sum(v[after] for v in b.timeline["replicas"].values()).min() > 0
+    model = SimConfig().model
+    assert restarted.state.delivered[model].requests < 0.6 * plain.state.delivered[model].requests
+    assert abs(b.cost_usd - a.cost_usd) < 0.1 * a.cost_usd
