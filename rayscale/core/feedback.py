@@ -43,8 +43,8 @@ class FeedbackSettings:
     # Below 1 the factor scales the demand only, not the burst floor (rayscale.core.burst): the floor is a
     # replay of the last hour's arrivals that already spends its own share of the miss budget, and a record
     # smoothed over half an hour of calm forgets the bursts the floor was sized for. Relaxed with the rest
-    # (true), a fleet relaxed through a calm stretch met 95.9% on the next burst of the Azure code trace x3
-    # (on-demand, seed 0, the record started after the warm-up's start-up misses); held, 98.9%.
+    # (true), the Azure code trace x3 met 96.60% after a restart (the record had only seen calm), held 98.56%
+    # (bench/results/tune.md, restart rows).
     relax_burst_floor: bool = False
 
     def __post_init__(self) -> None:
