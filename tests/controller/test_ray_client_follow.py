@@ -18,9 +18,8 @@ FOLLOW_PROBE = """
 import glob, json, sys, time
 import ray
 from rayscale_testing.rayheads import free_port, own_temp_dir, start_head
-from rayscale.commands.controller import reconnect_ray
+from rayscale.commands.controller import _connected_endpoints, reconnect_ray
 from rayscale.serve.weights import get_store, set_flavor_weights
-from rayscale.signals.scrape import ray_metrics_endpoints
 
 clusters, out = {}, {}
 with own_temp_dir("rs-follow-") as tmp:
@@ -40,7 +39,7 @@ with own_temp_dir("rs-follow-") as tmp:
                     print("retrying after:", e, file=sys.stderr)
                     time.sleep(2)
             step = {"client": ray.util.client.ray.is_connected(), "metrics": ports["metrics"],
-                    "endpoints": ray_metrics_endpoints(),
+                    "endpoints": _connected_endpoints(),  # what the controller's scraper asks for
                     "store": ray.get(get_store("rs-follow").get.remote(), timeout=60)[1]}
             set_flavor_weights("rs-follow", "m", {name: 1.0})
             out.setdefault(name, []).append(step)
