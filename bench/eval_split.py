@@ -47,7 +47,7 @@ from rayscale.sim.trace import Trace
 MODEL = "mistral-7b"
 DECLARED = "rayscale+mix"  # the product with a request_mix declared from another draw of the traffic
 RESTARTED = "rayscale, restarted"  # steady state only: the controller restarted 30 min before scoring
-RESTART_BEFORE_S = 1800.0
+RESTART_BEFORE_S = 1800.0  # the restarted controller's state is lost this long before scoring
 TRACES = ROOT.parent / "shared" / "traces"
 # (split, label, trace spec, time scale, rate scale)
 CASES: list[tuple[str, str, str, float, float]] = [

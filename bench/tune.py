@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, span
-from bench.eval_split import CASES, MODEL, case_run
+from bench.eval_split import CASES, MODEL, RESTART_BEFORE_S, case_run
 from rayscale.core.settings import Settings
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
@@ -70,7 +70,6 @@ def variants() -> dict[str, Settings]:
 
 
 STARTS = ("steady", "restart", "cold")
-RESTART_BEFORE_S = 1800.0  # the restarted controller's last state is lost this long before scoring
 
 
 def one(variant: str, case: int, seed: int, start: str) -> dict[str, Any]:
