@@ -598,6 +598,10 @@ NAMESPACE_RULES: list[Obj] = [
 
 SETTINGS_CONFIGMAP = "rayscale-settings"
 SETTINGS_DIR = "/etc/rayscale"
+METRICS_PORT = 9108  # the controller's own Prometheus endpoint (`rayscale controller --metrics-port`)
+# The annotations Prometheus's kubernetes_sd pod-scrape example keeps; a PodMonitor can use the port's name.
+METRICS_ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                       "prometheus.io/path": "/metrics"}
 
 
 def _settings_text(settings: RenderSettings) -> str:
@@ -642,7 +646,7 @@ def render_controller(settings: RenderSettings) -> dict[str, list[Obj]]:
                     "replicas": 2,
                     "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
                     "template": {
-                        "metadata": {"labels": labels},
+                        "metadata": {"labels": labels, "annotations": dict(METRICS_ANNOTATIONS)},
                         "spec": {
                             "serviceAccountName": name,
                             "nodeSelector": {LABEL_NODEPOOL: HEAD_POOL},
@@ -668,7 +672,12 @@ def render_controller(settings: RenderSettings) -> dict[str, list[Obj]]:
                                         "--dashboard", f"http://{settings.raycluster}-head-svc.{ns}:8265",
                                         "--app", LLM_APP,
                                         "--settings", f"{SETTINGS_DIR}/settings.yaml",
+                                        # Prometheus scrapes the pod's IP: bind every interface.
+                                        "--metrics-address", "0.0.0.0",
+                                        "--metrics-port", str(METRICS_PORT),
                                     ],
+                                    "ports": [{"name": "metrics", "containerPort": METRICS_PORT,
+                                               "protocol": "TCP"}],
                                     "volumeMounts": [{"name": "settings", "mountPath": SETTINGS_DIR,
                                                       "readOnly": True}],
                                     "resources": {

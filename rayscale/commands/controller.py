@@ -47,6 +47,8 @@ def register(sub: Any) -> None:
     p.add_argument("--stop", action="store_true", help="stop the detached controller actor")
     p.add_argument("--metrics-port", type=int, default=9108, help="Prometheus endpoint of the controller's own "
                    "metrics (local: also exported through Ray as ray_rayscale_*); -1 disables it")
+    # All interfaces by default: on Kubernetes Prometheus scrapes the pod's IP, never its loopback.
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address the Prometheus endpoint binds")
     p.set_defaults(handler=run)
 
 
@@ -143,8 +145,8 @@ def run(args: argparse.Namespace) -> int:
 
     # On Kubernetes the driver is a Ray Client (no core worker here to record Ray metrics through): the
     # Prometheus endpoint is what the cluster scrapes.
-    metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port, addr="0.0.0.0",
-                                ray_metrics=args.actuator == "local")
+    metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port,
+                                addr=args.metrics_address, ray_metrics=args.actuator == "local")
     ctl.on_record(metrics.update)
     ctl.on_record(lambda r: print(record_line(r), flush=True))
     _stop_on_sigterm(ctl, term)

@@ -21,6 +21,7 @@ and one whose SLO-meeting flavors are capped by limits serves the rest on its ot
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -40,6 +41,7 @@ from rayscale.core.solver import (
     solve_exact,
     solve_greedy,
 )
+from rayscale.core.spot import availability
 
 Key = tuple[str, str, str]  # (model, flavor, capacity type)
 ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
@@ -237,6 +239,7 @@ class _Build:
     freed: set[str] = field(default_factory=set)  # models re-planned for a scale-down
     notes: list[str] = field(default_factory=list)
     shapes: Shapes = field(default_factory=dict)
+    spot_rates: Mapping[str, float] = field(default_factory=dict)  # flavor -> interruptions per node-hour
 
 
 def plan(
@@ -247,16 +250,19 @@ def plan(
     now: float = 0.0,
     memory: PlannerMemory | None = None,
     settings: PlannerSettings = PlannerSettings(),
+    spot_rates: Mapping[str, float] | None = None,
 ) -> tuple[Plan, PlannerMemory]:
     """The plan and the planner's new memory (module docstring). Stages: what each model converges to;
     per model, its stability rule, offerings and need (_add_model); solve; keep scale-downs to dropping
     replicas unless moving saves enough; serve what limits leave unmet best effort; entries, timers and
-    shortfalls."""
+    shortfalls. ``spot_rates`` (flavor -> interruptions per node-hour, rayscale.core.spot) discount what a
+    spot replica is worth."""
     world = {k: v for k, v in (current or {}).items() if v > 0}
     memory = memory or PlannerMemory()
     blocked = _blocked(catalog, unavailable or {}, now)
     current = _converging(world, memory.targets, blocked)
-    b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s))
+    b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s),
+               spot_rates=spot_rates or {})
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
@@ -290,7 +296,8 @@ def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> N
     # Replicas that serve best effort what limits left unmet count what they serve (Demand.fallback), or
     # every period would read the model as short and they could never be scaled down with the demand.
     have_caps = {**caps, **d.fallback} if d else caps
-    cur_cap = sum(n * (have_caps[f].rps if f in have_caps else 0.0) for (_, f, _), n in cur.items())
+    cur_cap = sum(n * (have_caps[f].rps * _worth(b, name, f, ct) if f in have_caps else 0.0)
+                  for (_, f, ct), n in cur.items())
     cur_n = sum(cur.values())
     mode, rps = _mode(b, name, d, cur, cur_cap, cur_n)
     if d is not None and d.best_effort:
@@ -368,6 +375,10 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
         cap = caps[fname].rps if fname in caps else 0.0
         unit = len(b.gangs)
         for ct, ctv, price in prices:
+            worth = _worth(b, name, fname, ctv)
+            if worth < 0.995:
+                b.why[name] = (f"{b.why.get(name, '')}; spot {fname} counted at {worth:.0%} "
+                               f"({b.spot_rates[fname]:.2f} interruptions per node-hour)")
             have = cur.get((name, fname, ctv), 0)
             lb, ub = (have, have) if mode == Mode.KEEP else (have if mode == Mode.UP else 0, spec.max_replicas)
             if (fname, ctv) in b.blocked or cap <= 0:
@@ -375,9 +386,22 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
                 lb = min(lb, ub)
             if ub <= 0 and have == 0:
                 continue
-            b.offers.append(_Offer(name, fname, ct, price, cap, devices, shape.nodes, lb, ub, unit, shape.slots,
-                                   have))
+            b.offers.append(_Offer(name, fname, ct, price, cap * worth, devices, shape.nodes, lb, ub, unit,
+                                   shape.slots, have))
     return slots
+
+
+def _worth(b: _Build, model: str, flavor: str, capacity_type: str) -> float:
+    """The share of its capacity a replica counts for: 1 on demand; on spot, the time it serves between
+    interruptions and their replacements (rayscale.core.spot)."""
+    rate = b.spot_rates.get(flavor, 0.0) if capacity_type == CapacityType.SPOT.value else 0.0
+    par = b.catalog.models[model].parallelism.get(flavor)
+    if rate <= 0 or flavor not in b.catalog.flavors or par is None:
+        return 1.0
+    got = _cached_shape(b.catalog, b.shapes, flavor, par)
+    nodes = 1 if isinstance(got, str) else got[0].nodes
+    lead_s = b.catalog.flavors[flavor].node_startup_s + b.catalog.profile(model, flavor).startup_s
+    return availability(rate, nodes, lead_s)
 
 
 def _order_whole_best(b: _Build, name: str, d: Demand, rps: float, cur: dict[Key, int], cur_cap: float,

@@ -17,6 +17,7 @@ from rayscale.core.estimate import EstimateSettings
 from rayscale.core.feedback import FeedbackSettings
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.plan import PlannerSettings
+from rayscale.core.spot import SpotSettings
 
 MIX_MIN_REQUESTS = 1000
 MIX_MAX_S = 900.0
@@ -59,6 +60,8 @@ class Settings:
     act: ActSettings = field(default_factory=ActSettings)
     # The attainment delivered scales each model's demand (rayscale.core.feedback).
     feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
+    # Spot replicas count for the share of time interruptions leave them serving (rayscale.core.spot).
+    spot: SpotSettings = field(default_factory=SpotSettings)
 
     def __post_init__(self) -> None:
         for name in ("period_s", "window_s", "stale_after_s", "history_window_s", "burst_history_s", "peak_hold_s"):

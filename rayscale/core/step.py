@@ -29,6 +29,7 @@ from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal
 from rayscale.core.plan import Plan, PlannerMemory, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.spot import SpotRecord, observe, rates
 
 ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
 
@@ -58,6 +59,7 @@ class StepState:
     last_mix: Mapping[str, RequestMix] = field(default_factory=dict)
     horizon_s: float | None = None  # the forecaster's look-ahead, worked out from the catalog once
     delivered: Mapping[str, Delivered] = field(default_factory=dict)  # SLO attainment so far, smoothed
+    spot: SpotRecord = field(default_factory=SpotRecord)  # spot interruptions seen (rayscale.core.spot)
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,9 @@ def step(ctx: StepContext) -> StepResult:
             # and at least the one it was ordered for.
             current[g.key] = current.get(g.key, 0) + max(g.serving, 1)
     unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
-    result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner)
+    spot = observe(state.spot, ctx.gangs, ctx.now, cfg.spot)
+    result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner,
+                          rates(spot, cfg.spot, catalog.flavors))
     record = _delivered(ctx, signals, result, demands)
     actions: tuple[Action, ...] = ()
     if ctx.serve is not None:
@@ -109,7 +113,7 @@ def step(ctx: StepContext) -> StepResult:
         if isinstance(a, BackOff):
             unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
     new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix, horizon_s,
-                          record)
+                          record, spot)
     return StepResult(result, demands, actions, new_state, signals)
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from rayscale.config import load_catalog
 from rayscale.controller.loop import DecisionRecord
@@ -41,11 +44,49 @@ def test_record_becomes_series_on_the_endpoint() -> None:
     assert "rayscale_decision_latency_seconds_count 1.0" in text
 
 
-def test_grafana_dashboard_queries_only_exported_series() -> None:
+# A selector on the metric name: `{__name__=~"RE"}` (Prometheus anchors RE at both ends) or a bare name.
+_NAME_RE = re.compile(r'__name__=~"([^"]+)"')
+_BARE = re.compile(r"\b(\w*rayscale_\w+)\b")
+# What the dashboard shows of the controller: every series but errors (in the decision log).
+SHOWN = ("desired_replicas", "actual_replicas", "gangs", "nodes", "slo_attainment", "slo_delivered",
+         "demand_factor", "usd_per_hour", "decision_latency_seconds_bucket")
+
+
+def dashboard_selectors() -> list[str]:
+    """Each rayscale metric selector of the Grafana dashboard, as an anchored regex over metric names."""
     dash = json.loads((ROOT / "deployments/grafana/rayscale.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    names = {"ray_" + PREFIX + n for n in ("desired_replicas", "actual_replicas", "gangs", "nodes", "slo_attainment",
-                                           "slo_delivered", "demand_factor",
-                                           "usd_per_hour", "decision_latency_seconds_bucket")}
-    used = {w for e in exprs for w in names if w in e}
-    assert used == names
+    out = []
+    for expr in (t["expr"] for p in dash["panels"] for t in p["targets"]):
+        out += [r for r in _NAME_RE.findall(expr) if PREFIX in r]
+        out += [re.escape(n) for n in _BARE.findall(_NAME_RE.sub("", expr))]
+    return out
+
+
+def exported_samples(m: ControllerMetrics) -> set[str]:
+    url = f"http://127.0.0.1:{m.port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_grafana_dashboard_queries_series_the_endpoint_serves_under_both_names() -> None:
+    """On Kubernetes the controller exports only through its endpoint (``rayscale_*``); in local mode Ray
+    also exports ``ray_rayscale_*``: each selector must match a sample the endpoint serves, and its
+    ``ray_`` twin."""
+    cat = load_catalog().subset(["mistral-7b"], ["a10g"])
+    m = ControllerMetrics(cat, port=0, ray_metrics=False)
+    m.update(DecisionRecord(
+        t=1.0, signals={"mistral-7b": {"freshness": "fresh", "ttft_p95_s": 1.0, "tpot_p95_s": 0.05,
+                                       "slo_delivered": 1.0, "demand_factor": 1.0}},
+        plan={"usd_per_h": 1.0, "entries": [{"model": "mistral-7b", "flavor": "a10g", "replicas": 1}]},
+        actions=[], errors=[], durations_ms={"plan": 5.0}, gangs={}, serve={"mistral-7b--a10g": 1},
+        by_flavor={"a10g": {"ready": 1, "nodes": 1}}))
+    samples = exported_samples(m)
+    selectors = dashboard_selectors()
+    assert selectors
+    for sel in selectors:
+        served = {n for n in samples if re.fullmatch(sel, n)}
+        assert served, f"dashboard queries {sel!r}; the endpoint serves none of it"
+        assert all(re.fullmatch(sel, "ray_" + n) for n in served), f"{sel!r} misses Ray's ray_ name"
+    shown = {PREFIX + n for n in SHOWN}
+    assert {n for n in shown for sel in selectors if re.fullmatch(sel, n)} == shown

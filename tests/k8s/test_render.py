@@ -229,6 +229,26 @@ def test_the_controller_deployment_follows_the_rendered_rayservice(files: dict[s
     assert (parsed.rayservice, parsed.actuator, parsed.app) == (name, "kube", LLM_APP)
 
 
+def test_the_controller_pod_is_scraped_on_the_port_its_metrics_server_binds_on_all_interfaces(
+        files: dict[str, str]) -> None:
+    """Prometheus finds the pod by its annotations (or a PodMonitor by the port's name) and scrapes the pod
+    IP, so the endpoint must listen there, not on loopback, at the port both name."""
+    from rayscale.commands import controller as controller_cmd
+
+    (dep,) = by_kind(files, "Deployment")
+    template = dep["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    parser = argparse.ArgumentParser()
+    controller_cmd.register(parser.add_subparsers())
+    parsed = parser.parse_args(container["command"][1:] + container["args"])
+    assert (parsed.metrics_address, parsed.metrics_port) == ("0.0.0.0", 9108)
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9108", "prometheus.io/path": "/metrics"}
+    assert {"name": "metrics", "containerPort": 9108, "protocol": "TCP"} in container["ports"]
+    # Only the pod template: annotations on the Deployment itself are not what kubernetes_sd's pod role reads.
+    assert "annotations" not in dep["metadata"]
+
+
 def _cli(*argv: str) -> int:
     parser = argparse.ArgumentParser()
     render_cmd.register(parser.add_subparsers())

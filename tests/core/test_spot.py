@@ -1,0 +1,86 @@
+"""Spot availability (rayscale.core.spot): interruptions learned from the gangs, and what a spot replica is
+then worth to the planner."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rayscale.config import load_catalog
+from rayscale.core.act import Gang, GangPhase
+from rayscale.core.estimate import estimate
+from rayscale.core.forecast import last_value
+from rayscale.core.plan import plan
+from rayscale.core.settings import Settings
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+from rayscale.core.spot import SpotRecord, SpotSettings, availability, observe, rates
+from rayscale.core.step import ServeView, StepContext, StepState, step
+
+CFG = SpotSettings()
+MIX = RequestMix(prompt_mean=500, output_mean=150, prompt_p95=900)
+
+
+def _gang(name: str, phase: GangPhase, capacity_type: str = "spot", nodes: int = 1) -> Gang:
+    return Gang(name, "mistral-7b", "l40s", capacity_type, "us-east-1a", "g6e.xlarge", nodes, phase, 0.0)
+
+
+def test_only_spot_gangs_failing_after_they_served_count_and_their_node_hours_are_the_exposure() -> None:
+    first = observe(SpotRecord(), [_gang("a", GangPhase.READY, nodes=2), _gang("b", GangPhase.READY, "on-demand"),
+                                   _gang("c", GangPhase.PENDING)], 0.0, CFG)
+    assert set(first.ready) == {"a"} and first.pools == {}
+    # An hour on: the spot gang that served failed (its notice); an on-demand failure and a spot gang that
+    # failed while launching (a capacity error) are no interruptions.
+    gone = [_gang("a", GangPhase.FAILED, nodes=2), _gang("b", GangPhase.FAILED, "on-demand"),
+            _gang("c", GangPhase.FAILED)]
+    second = observe(first, gone, 3600.0, CFG)
+    assert second.pools["l40s"].interruptions == 1.0
+    assert second.pools["l40s"].node_h == pytest.approx(2.0)  # two nodes for an hour
+    assert second.ready == {}
+    # 1 seen in 2 node-hours, pulled towards the prior (0.001 an hour, worth 4 node-hours).
+    assert rates(second, CFG, ["l40s", "a10g"]) == {"l40s": pytest.approx((0.004 + 1) / 6)}
+    # Seen again after one time constant, both have faded by e.
+    later = observe(second, [], 3600.0 + CFG.time_constant_s, CFG)
+    assert later.pools["l40s"].interruptions == pytest.approx(math.exp(-1))
+    assert rates(later, SpotSettings(enabled=False), ["l40s"]) == {}
+
+
+def test_availability_is_the_share_of_time_between_an_interruption_and_its_replacement_serving() -> None:
+    assert availability(0.0, 1, 600.0) == 1.0
+    # One interruption an hour, ten minutes to replace: 6 serving minutes of every 7... per node of the gang.
+    assert availability(1.0, 1, 600.0) == pytest.approx(1 / (1 + 1 / 6))
+    assert availability(1.0, 2, 600.0) == pytest.approx(1 / (1 + 2 / 6))
+
+
+def _demand(cat: object, rps: float) -> dict:
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, rps, MIX, waiting=0.0)
+    return estimate(cat, {"mistral-7b": sig}, {}, last_value, Settings().estimate)  # type: ignore[arg-type]
+
+
+def test_the_planner_holds_more_replicas_where_spot_is_interrupted_and_says_why() -> None:
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    demands = _demand(cat, 20.0)
+    calm, _ = plan(cat, demands, settings=Settings().planner)
+    stormy, _ = plan(cat, demands, settings=Settings().planner, spot_rates={"l40s": 1.0})
+
+    def replicas(p: object, ct: str) -> int:
+        return sum(e.replicas for e in p.entries if e.capacity_type == ct)  # type: ignore[attr-defined]
+
+    assert replicas(calm, "spot") > 0
+    assert replicas(stormy, "spot") + replicas(stormy, "on-demand") > replicas(calm, "spot") + replicas(
+        calm, "on-demand")
+    assert "spot l40s counted at" in next(e.reason for e in stormy.entries if e.capacity_type == "spot")
+
+
+def test_the_step_learns_an_interruption_from_the_gangs_it_sees_and_keeps_it_in_its_state() -> None:
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 3.0, MIX, waiting=0.0)
+
+    def ctx(now: float, gangs: tuple[Gang, ...], state: StepState) -> StepContext:
+        return StepContext(now, cat, {"mistral-7b": sig}, gangs, ServeView({}, {}), Settings(), state)
+
+    first = step(ctx(0.0, (_gang("a", GangPhase.READY), _gang("b", GangPhase.READY, "on-demand")), StepState()))
+    second = step(ctx(600.0, (_gang("a", GangPhase.FAILED), _gang("b", GangPhase.READY, "on-demand")), first.state))
+    assert second.state.spot.pools["l40s"].interruptions == 1.0
+    assert second.state.spot.pools["l40s"].node_h == pytest.approx(600 / 3600)
+    assert any("spot l40s counted at" in e.reason for e in second.plan.entries)
