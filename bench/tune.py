@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -55,6 +57,8 @@ def variants() -> dict[str, Settings]:
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
         "peak hold 60 min": replace(s, peak_hold_s=3600.0),
         "peak hold 20 min": replace(s, peak_hold_s=1200.0),
+        "burst floor over 30 min": replace(s, burst_history_s=1800.0),
+        "burst floor over 30 min and peak hold 20 min": replace(s, burst_history_s=1800.0, peak_hold_s=1200.0),
         "no SLO feedback": replace(s, feedback=replace(fb, enabled=False)),
         "feedback relax 0.2/h": replace(s, feedback=replace(fb, relax_per_h=0.2)),
         "feedback relax 0.4/h": replace(s, feedback=replace(fb, relax_per_h=0.4)),
@@ -64,6 +68,8 @@ def variants() -> dict[str, Settings]:
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
         "feedback relaxes the burst floor": replace(s, feedback=replace(fb, relax_burst_floor=True)),
+        "feedback relaxes the burst floor to 0.7": replace(s, feedback=replace(fb, relax_burst_floor=True,
+                                                                                 min_factor=0.7)),
         "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
         "hysteresis band 0.15": replace(s, planner=replace(pl, hysteresis_band=0.15)),
     }
@@ -160,8 +166,8 @@ def main() -> int:
     verdict = "" if why.get(best) == "chosen" else (
         " No variant meets the rule on every dev trace, the shipped settings included (" + why.get(best, "") +
         "): they stay, and the shortfall is reported as such.")
-    text = (f"# Tuning the shipped settings on the dev split\n\n{machine()}; `python -m bench.tune --seeds "
-            f"{args.seeds}` ({how}); model {MODEL}, shipped "
+    command = " ".join(["python -m bench.tune", *(shlex.quote(a) for a in sys.argv[1:])])
+    text = (f"# Tuning the shipped settings on the dev split\n\n{machine()}; `{command}` ({how}); model {MODEL}, shipped "
             "catalog, on-demand only.\n\n" + __doc__.split("\n\n", 2)[2] + f"\n**Chosen: {best}.**{verdict}\n\n```\n"
             + table(rows, cases, why) + "\n```\n")
     Path(args.out).write_text(text)

@@ -148,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port,
                                 addr=args.metrics_address, ray_metrics=args.actuator == "local")
     ctl.on_record(metrics.update)
+    ctl.on_standby(metrics.standby)
     ctl.on_record(lambda r: print(record_line(r), flush=True))
     _stop_on_sigterm(ctl, term)
     try:

@@ -125,6 +125,7 @@ class Controller:
         self.records: list[DecisionRecord] = []
         self._stop = threading.Event()
         self._listeners: list[Callable[[DecisionRecord], None]] = []
+        self._standby: list[Callable[[], None]] = []
         if self.config.decision_log:
             Path(self.config.decision_log).parent.mkdir(parents=True, exist_ok=True)
         # Routing weights per model over its flavors (the ingress spreads requests by them).
@@ -140,6 +141,10 @@ class Controller:
 
     def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
         self._listeners.append(fn)
+
+    def on_standby(self, fn: Callable[[], None]) -> None:
+        """``fn`` runs each period this replica waits for the Lease instead of acting."""
+        self._standby.append(fn)
 
     def on_serve_moved(self, fn: Callable[[str], None]) -> None:
         """``fn(dashboard_url)`` when the cluster Serve is read from moves (Actuator.serve_dashboard): a
@@ -324,6 +329,9 @@ class Controller:
             try:
                 if self.leader is None or self.leader():
                     self.reconcile()
+                else:
+                    for fn in self._standby:
+                        fn()
             except Exception as e:  # keep the loop alive; the record of the next period says more
                 self.records.append(DecisionRecord(self.clock(), {}, {}, [], [f"reconcile failed: {e!r}"], {},
                                                    {}, {}))

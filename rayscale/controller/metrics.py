@@ -9,6 +9,7 @@ it puts on demand (rayscale.core.feedback), plan cost in $/h, decision latency, 
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -40,6 +41,8 @@ class ControllerMetrics:
         self.latency = Histogram(PREFIX + "decision_latency_seconds", "one reconcile, observe to act",
                                  buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=r)
         self.errors = Gauge(PREFIX + "errors", "errors in the last reconcile", registry=r)
+        self.leader = Gauge(PREFIX + "leader", "1 while this controller acts, 0 while it waits for the Lease",
+                            registry=r)
         self.port = start_http_server(port, addr=addr, registry=r)[0].server_port if port is not None else None
         self._ray: dict[str, Any] = {}
         if ray_metrics:
@@ -96,6 +99,15 @@ class ControllerMetrics:
         if "latency" in self._ray:
             self._ray["latency"].observe(total_s)
         self.errors.set(len(rec.errors))
+        self.leader.set(1)
+
+    def standby(self) -> None:
+        """This replica waits for the Lease: it exports no decisions, or the dashboard would show its last
+        ones (stale since it lost the Lease) beside the acting replica's."""
+        self.leader.set(0)
+        for g in (self.desired, self.actual, self.gangs, self.nodes, self.slo, self.delivered, self.factor):
+            g.clear()
+        self.cost.set(math.nan)  # unlabelled: it cannot be removed, and PromQL's max skips NaN
 
     def _set(self, name: str, value: float, **tags: str) -> None:
         g = getattr(self, name)

@@ -40,11 +40,11 @@ class FeedbackSettings:
     max_factor: float = 1.1
     # Requests the smoothed record must hold before it moves the factor (a few minutes of light traffic).
     min_requests: float = 500.0
-    # Below 1 the factor scales the demand only, not the burst floor (rayscale.core.burst): the floor is a
-    # replay of the last hour's arrivals that already spends its own share of the miss budget, and a record
-    # smoothed over half an hour of calm forgets the bursts the floor was sized for. Relaxed with the rest
-    # (true), the Azure code trace x3 met 96.60% after a restart (the record had only seen calm), held 98.56%
-    # (bench/results/tune.md, restart rows).
+    # Below 1 the factor scales the demand only (false), or the burst floor too once the record is as old as
+    # the arrivals the floor replays (Settings.burst_history_s; true). The floor (rayscale.core.burst) is a
+    # replay of the last hour that already spends its own share of the miss budget, and a younger record may
+    # have seen only calm: relaxed with the rest whatever the record's age, the Azure code trace x3 met
+    # 96.60% after a restart (the record had seen half an hour of calm), 98.56% held (bench/results/tune.md).
     relax_burst_floor: bool = False
 
     def __post_init__(self) -> None:
@@ -61,13 +61,17 @@ class FeedbackSettings:
 class Delivered:
     """One model's finished and SLO-meeting requests per second, smoothed; ``requests``: how many finished
     requests the record has seen in all (capped: it gates the factor, nothing else); ``factor``: what its
-    demand is multiplied by."""
+    demand is multiplied by; ``since_s``: when the record started (None: at ``at_s``)."""
 
     finished_rps: float
     met_rps: float
     requests: float
     at_s: float
     factor: float = 1.0
+    since_s: float | None = None
+
+    def age_s(self, now: float) -> float:
+        return now - (self.at_s if self.since_s is None else self.since_s)
 
     @property
     def attainment(self) -> float | None:
@@ -84,12 +88,13 @@ def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, no
     finished = sig.finished / window_s
     met = finished * min(max(sig.slo_met, 0.0), 1.0)
     if previous is None:
-        return Delivered(finished, met, sig.finished, now)
+        return Delivered(finished, met, sig.finished, now, since_s=now)
     dt = max(now - previous.at_s, 0.0)
     a = 1.0 - math.exp(-dt / settings.time_constant_s)
     rec = Delivered(previous.finished_rps + a * (finished - previous.finished_rps),
                     previous.met_rps + a * (met - previous.met_rps),
-                    min(previous.requests + finished * dt, 1e12), now, previous.factor)
+                    min(previous.requests + finished * dt, 1e12), now, previous.factor,
+                    previous.at_s if previous.since_s is None else previous.since_s)
     # Only observed time moves the factor: a model idle overnight (no request finished) has not earned a
     # night's worth of relaxing by its first morning window.
     return replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings))

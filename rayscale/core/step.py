@@ -92,7 +92,7 @@ def step(ctx: StepContext) -> StepResult:
     forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
-    demands = _with_feedback(demands, state.delivered, cfg)
+    demands = _with_feedback(demands, state.delivered, cfg, ctx.now)
     current: dict[Key, int] = {}
     for g in ctx.gangs:
         if g.phase != GangPhase.FAILED:
@@ -148,8 +148,10 @@ def _delivered(ctx: StepContext, signals: Mapping[str, ModelSignals], result: Pl
 
 
 def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered],
-                   cfg: Settings) -> dict[str, Demand]:
-    """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback)."""
+                   cfg: Settings, now: float) -> dict[str, Demand]:
+    """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback); its burst floor
+    too when the factor is above 1, or below it with ``relax_burst_floor`` and a record as old as the floor's
+    arrivals."""
     out = dict(demands)
     for name, d in demands.items():
         rec = record.get(name)
@@ -159,7 +161,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             continue
         factor = rec.factor
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
-        burst = factor if factor > 1.0 or cfg.feedback.relax_burst_floor else 1.0
+        covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
+        burst = factor if factor > 1.0 or covers else 1.0
         out[name] = replace(d, rps=d.rps * factor, burst_rps=d.burst_rps * burst, reason=why)
     return out
 

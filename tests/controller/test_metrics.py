@@ -42,6 +42,16 @@ def test_record_becomes_series_on_the_endpoint() -> None:
     assert 'rayscale_demand_factor{model="mistral-7b"} 0.92' in text
     assert "rayscale_usd_per_hour 4.02" in text and "rayscale_errors 1.0" in text
     assert "rayscale_decision_latency_seconds_count 1.0" in text
+    assert "rayscale_leader 1.0" in text
+    # The replica loses the Lease: it shows no decisions of its own (they would be stale beside the acting
+    # replica's), until it acts again.
+    m.standby()
+    text = httpx.get(f"http://127.0.0.1:{m.port}/metrics", timeout=5).text
+    assert "rayscale_leader 0.0" in text and "rayscale_usd_per_hour NaN" in text
+    assert "rayscale_desired_replicas{" not in text and "rayscale_slo_delivered{" not in text
+    m.update(rec)
+    text = httpx.get(f"http://127.0.0.1:{m.port}/metrics", timeout=5).text
+    assert "rayscale_leader 1.0" in text and 'rayscale_desired_replicas{flavor="a10g",model="mistral-7b"} 3.0' in text
 
 
 # A selector on the metric name: `{__name__=~"RE"}` (Prometheus anchors RE at both ends) or a bare name.

@@ -80,17 +80,27 @@ def test_the_step_scales_demand_by_the_factor_and_says_why() -> None:
         _ctx(0.0, (), StepState(), sig)).plan.entries)
 
 
-@pytest.mark.parametrize(("factor", "relax_floor", "burst"), [(0.8, False, 50.0), (0.8, True, 40.0), (1.1, False, 55.0)])
-def test_a_relaxed_factor_leaves_the_burst_floor_alone_and_a_tightened_one_raises_it(
-    factor: float, relax_floor: bool, burst: float
+@pytest.mark.parametrize(("factor", "relax_floor", "age_s", "burst"), [
+    (0.8, False, 7200.0, 50.0), (0.8, True, 1800.0, 50.0), (0.8, True, 3600.0, 40.0), (1.1, False, 0.0, 55.0)])
+def test_a_relaxed_factor_trims_the_burst_floor_only_once_its_record_spans_the_floors_hour(
+    factor: float, relax_floor: bool, age_s: float, burst: float
 ) -> None:
-    """The floor replays the last hour's arrivals against its own miss budget: a calm half hour that relaxed
-    the demand says nothing of the bursts it was sized for (FeedbackSettings.relax_burst_floor)."""
+    """The floor replays the last hour's arrivals against its own miss budget: a record of a calm half hour
+    that relaxed the demand says nothing of the bursts it was sized for (FeedbackSettings.relax_burst_floor);
+    a tightened factor raises the floor whatever the record's age."""
     d = Demand("mistral-7b", DemandState.OK, 10.0, MIX, burst_rps=50.0)
     cfg = Settings(feedback=replace(FB, relax_burst_floor=relax_floor))
-    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.999, factor)}, cfg)["mistral-7b"]
+    assert cfg.burst_history_s == 3600.0
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.999, factor)}, cfg, age_s)["mistral-7b"]
     assert got.rps == pytest.approx(10.0 * factor)
     assert got.burst_rps == pytest.approx(burst)
+
+
+def test_the_record_keeps_when_it_started() -> None:
+    first = delivered(None, _sig(300.0, 1.0), 30.0, 100.0, GOAL, FB)
+    assert first is not None and first.age_s(100.0) == 0.0
+    later = delivered(first, _sig(300.0, 1.0), 30.0, 400.0, GOAL, FB)
+    assert later is not None and later.age_s(400.0) == 300.0
 
 
 def test_the_record_starts_once_the_fleet_stands_as_planned() -> None:
