@@ -46,6 +46,9 @@ def register(sub: Any) -> None:
                    help="all: rayscale, stock, static-best, clairvoyant, fluid-bound")
     p.add_argument("--on-demand-only", action="store_true",
                    help="every policy plans and buys on-demand capacity only (the catalog without spot)")
+    p.add_argument("--spot-interruptions", type=float, default=None, metavar="PER_NODE_H",
+                   help="spot interruption notices per node-hour in the simulated cloud (default 0.01; AWS's advisor "
+                        "puts GPU spot under 5%% a month); spot_stress's regimes are 0.1 and 1")
     p.add_argument("--stock-target", type=float, default=None, metavar="X",
                    help="the stock policy's target_ongoing_requests (max_ongoing_requests 2x); default: 75%% of "
                         "one replica's concurrency at the SLO on its flavor. A sweep draws a cost-vs-SLO curve")
@@ -132,6 +135,10 @@ def run_single(args: argparse.Namespace) -> int:
             engine = replace(engine, tick_s=args.tick)
         cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup,
                         same_start=args.same_start)
+        if args.spot_interruptions is not None:
+            if args.spot_interruptions < 0:
+                raise ValueError(f"--spot-interruptions must be >= 0, got {args.spot_interruptions}")
+            cfg = replace(cfg, cloud=replace(cfg.cloud, spot_interruptions_per_node_h=args.spot_interruptions))
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

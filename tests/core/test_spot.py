@@ -3,6 +3,7 @@ then worth to the planner."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -84,3 +85,20 @@ def test_the_step_learns_an_interruption_from_the_gangs_it_sees_and_keeps_it_in_
     assert second.state.spot.pools["l40s"].interruptions == 1.0
     assert second.state.spot.pools["l40s"].node_h == pytest.approx(600 / 3600)
     assert any("spot l40s counted at" in e.reason for e in second.plan.entries)
+
+
+def test_simulate_takes_the_spot_interruption_rate_and_the_plan_learns_it(capsys: pytest.CaptureFixture[str]) -> None:
+    from rayscale.cli import main
+
+    run = ["simulate", "--trace", "gen:poisson:rate=6,hours=1", "--policy", "rayscale", "--json", "--no-progress",
+           "--seed", "1"]
+    assert main([*run, "--spot-interruptions", "-1"]) == 2
+    assert "--spot-interruptions must be >= 0" in capsys.readouterr().err
+    assert main([*run, "--spot-interruptions", "0"]) == 0
+    calm = json.loads(capsys.readouterr().out)
+    assert main([*run, "--spot-interruptions", "30"]) == 0
+    stormy = json.loads(capsys.readouterr().out)
+    assert calm["spot_interruptions"] == 0 and stormy["spot_interruptions"] > 0
+    assert stormy["failed_requests"] == 0  # a notice drains the replica: nothing is dropped
+    # Spot seen failing counts for less: the plan holds more capacity (or on-demand) for the same load.
+    assert stormy["cost_usd"] > 1.2 * calm["cost_usd"] and stormy["slo_attainment"] >= 0.99
