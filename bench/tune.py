@@ -72,6 +72,8 @@ def variants() -> dict[str, Settings]:
                                                                                  min_factor=0.7)),
         "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
         "hysteresis band 0.15": replace(s, planner=replace(pl, hysteresis_band=0.15)),
+        "band 0.1 where bursts last a minute": replace(s, planner=replace(pl, smooth_hysteresis_band=0.1)),
+        "band 0.15 where bursts last a minute": replace(s, planner=replace(pl, smooth_hysteresis_band=0.15)),
     }
 
 

@@ -88,3 +88,16 @@ def burst_rate(counts: Counts, bin_s: float, ttft_s: float, attainment: float) -
         else:
             lo = mid
     return hi
+
+
+def sharpness(counts: Counts, bin_s: float, burst_rps: float, minute_s: float = 60.0) -> float:
+    """``burst_rps`` over the busiest whole minute of ``counts`` (arrivals per ``bin_s``-long bin, oldest
+    first, minutes counted back from the newest bin): about 1 where the bursts last a minute or more (the
+    load moves as a level), well above it where they come and go within the minute. 0 with no arrivals."""
+    c = np.asarray(counts, dtype=float)
+    k = max(1, round(minute_s / bin_s))
+    n = (c.size // k) * k
+    if n == 0 or burst_rps <= 0:
+        return 0.0
+    busiest = float(c[c.size - n:].reshape(-1, k).sum(axis=1).max()) / (k * bin_s)
+    return burst_rps / busiest if busiest > 0 else 0.0

@@ -46,7 +46,7 @@ from rayscale.core.attainment import (
     subset,
     tpot_quantile,
 )
-from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, sharpness
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
@@ -350,6 +350,9 @@ class Demand:
     # When some flavors meet the SLO: the best-effort capacities of those that do not, which the planner
     # serves with only the demand that limits leave unmet on the others.
     fallback: dict[str, ReplicaCapacity] = field(default_factory=dict)
+    # burst_rps over the last hour's busiest minute (rayscale.core.burst.sharpness; 0: no floor): near 1
+    # the bursts are the level moving, well above it they come and go within the minute.
+    burst_sharpness: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -515,10 +518,11 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
             continue
         assert sig.arrival_rate_rps is not None
         rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
-        burst = 0.0
+        burst = sharp = 0.0
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
             burst = _burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
                                 1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
+            sharp = sharpness(sig.arrival_counts, sig.arrival_bin_s, burst)
         backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"
@@ -527,7 +531,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         if backlog > 0:
             why += f", {sig.waiting:.0f} queued"
         out[name] = Demand(name, DemandState.OK, rps, mix, caps, why, burst, best_effort.get(name, ""),
-                           fallback.get(name, {}))
+                           fallback.get(name, {}), sharp)
     return out
 
 

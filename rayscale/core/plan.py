@@ -58,6 +58,10 @@ class SolverChoice(StrEnum):
 @dataclass(frozen=True)
 class PlannerSettings:
     hysteresis_band: float = 0.25
+    # The band for a model whose bursts last a minute or more (Demand.burst_sharpness at most
+    # sharp_bursts_above): None, the same band for every model.
+    smooth_hysteresis_band: float | None = None
+    sharp_bursts_above: float = 1.5
     # A scale-down keeps this much capacity above the demand. Capacity estimates move a few percent from
     # window to window (the request mix, corrections): a fleet cut to exactly the demand reads as short
     # at the next dip and orders a whole replica back, minutes later, for the same load.
@@ -92,11 +96,16 @@ class PlannerSettings:
                 raise ValueError(f"PlannerSettings.{name} must be >= 0, got {getattr(self, name)}")
         if not self.hysteresis_band < 1:
             raise ValueError(f"PlannerSettings.hysteresis_band must be < 1, got {self.hysteresis_band}")
+        if self.smooth_hysteresis_band is not None and not 0 <= self.smooth_hysteresis_band < 1:
+            raise ValueError(f"PlannerSettings.smooth_hysteresis_band must be in [0, 1), got "
+                             f"{self.smooth_hysteresis_band}")
         # The scaled-down fleet must land inside the keep band, or the next period scales it down again.
-        limit = self.hysteresis_band / (1 - self.hysteresis_band)
+        band = min(self.hysteresis_band, self.smooth_hysteresis_band if self.smooth_hysteresis_band is not None
+                   else self.hysteresis_band)
+        limit = band / (1 - band)
         if self.downscale_headroom > limit + 1e-12:
             raise ValueError(f"PlannerSettings.downscale_headroom {self.downscale_headroom} must be <= "
-                             f"hysteresis_band / (1 - hysteresis_band) = {limit:.3f}")
+                             f"band / (1 - band) = {limit:.3f} for the narrower hysteresis band")
         if not self.scale_down_move_saving < 1:
             raise ValueError(f"PlannerSettings.scale_down_move_saving must be < 1, got {self.scale_down_move_saving}")
         try:
@@ -324,11 +333,18 @@ def _mode(b: _Build, name: str, d: Demand | None, cur: dict[Key, int], cur_cap: 
         b.why[name] = f"scale up: need {d.rps:.2f} req/s ({d.reason}), have {cur_cap:.2f}"
         b.below_since.pop(name, None)
         return Mode.UP, d.rps
-    if d.rps >= (1 - b.settings.hysteresis_band) * cur_cap:
+    if d.rps >= (1 - _band(b.settings, d)) * cur_cap:
         b.why[name] = f"steady: need {d.rps:.2f} req/s of {cur_cap:.2f} ({d.reason})"
         b.below_since.pop(name, None)
         return Mode.KEEP, d.rps
     return _scale_down_or_wait(b, name, d, cur, cur_cap)
+
+
+def _band(cfg: PlannerSettings, d: Demand) -> float:
+    """The hysteresis band for the model's demand: narrower where its bursts last a minute or more."""
+    if cfg.smooth_hysteresis_band is not None and 0 < d.burst_sharpness <= cfg.sharp_bursts_above:
+        return cfg.smooth_hysteresis_band
+    return cfg.hysteresis_band
 
 
 def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap: float) -> tuple[Mode, float]:

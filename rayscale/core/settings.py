@@ -4,8 +4,8 @@
 (``rayscale.config.load_settings``); ``rayscale/data/settings.yaml`` holds the shipped values. The
 defaults below are the shipped product, chosen on the simulator's dev traces (bench/results/tune.md):
 the seasonal forecaster with a 30-min peak hold, a 600 s scale-down delay (about one replica start-up),
-the greedy solver (the exact MILP costs 20-120 ms a call and does not scale to a thousand models) and the
-burst floor.
+the greedy solver (the exact MILP costs 20-120 ms a call and does not scale to a thousand models), the
+burst floor, and a narrower hysteresis band (0.15) where bursts last a minute or more.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MIX_MAX_S = 900.0
 
 
 def shipped_planner() -> PlannerSettings:
-    return PlannerSettings(downscale_delay_s=600.0, solver="greedy")
+    return PlannerSettings(downscale_delay_s=600.0, solver="greedy", smooth_hysteresis_band=0.15)
 
 
 def shipped_estimate() -> EstimateSettings:

@@ -184,3 +184,18 @@ def test_a_declared_mix_keeps_the_floor_steady_while_the_minutes_mix_swings() ->
     assert replicas(cat, 1500) < replicas(cat, 2600)  # undeclared: the observed mix it is
     declared = cat.with_request_mix("mistral-7b", RequestMixSpec(prompt_mean=2048, output_mean=28, prompt_p95=7300))
     assert replicas(declared, 1500) == replicas(declared, 2600)
+
+
+def test_sharpness_tells_bursts_within_the_minute_from_a_level_that_moves() -> None:
+    from rayscale.core.burst import sharpness
+
+    rng = np.random.default_rng(0)
+    # A ramp from 2 to 20 req/s over the hour, in 5-s bins: the load moves as a level.
+    ramp = rng.poisson(np.linspace(2, 20, 720) * 5.0)
+    level = sharpness(ramp, 5.0, burst_rate(ramp, 5.0, 2.0, 0.995))
+    # 2 req/s with a 10-s spike of 60 req/s every 5 min: gone within the minute.
+    spiky = rng.poisson(np.full(720, 10.0))
+    spiky[::60] += rng.poisson(300.0, 12)
+    sharp = sharpness(spiky, 5.0, burst_rate(spiky, 5.0, 2.0, 0.995))
+    assert 0.8 < level < 1.2 and sharp > 2.0
+    assert sharpness([], 5.0, 3.0) == 0.0 and sharpness(ramp, 5.0, 0.0) == 0.0

@@ -171,3 +171,22 @@ def test_planner_settings_name_the_bad_field() -> None:
                     ({"scale_down_move_saving": 1.0}, "scale_down_move_saving must be < 1")):
         with pytest.raises(ValueError, match=msg):
             PlannerSettings(**kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("sharpness", "scaled_down"), [(1.0, True), (2.5, False)])
+def test_a_narrower_band_applies_where_bursts_last_a_minute_or_more(sharpness: float, scaled_down: bool) -> None:
+    from dataclasses import replace
+
+    narrow = replace(SET, smooth_hysteresis_band=0.1)
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 10.0, MIX)
+    demand = estimate(CAT, {"mistral-7b": sig})
+    cur = plan(CAT, demand, {}, settings=narrow)[0].target()
+    # A need of 76% of the fleet's capacity: outside a 0.1 band, inside 0.25.
+    have = sum(n * demand["mistral-7b"].capacity[f].rps for (_, f, _), n in cur.items())
+    dip = {m: replace(d, rps=0.76 * have, burst_sharpness=sharpness) for m, d in demand.items()}
+    mem = PlannerMemory()
+    for t in (0.0, 200.0):
+        p, mem = plan(CAT, dip, cur, now=t, memory=mem, settings=narrow)
+    assert (sum(p.target().values()) < sum(cur.values())) == scaled_down
+    with pytest.raises(ValueError, match="smooth_hysteresis_band"):
+        PlannerSettings(smooth_hysteresis_band=1.0)
