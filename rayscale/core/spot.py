@@ -12,7 +12,7 @@ Advisor's "<5%" to ">20%" of instances a month, about 1e-4 to 3e-4 per node-hour
 far above them for an hour. So the step learns it per flavor: the spot gangs it saw go from READY to
 FAILED over the spot node-hours it saw READY, both decayed by ``time_constant_s`` so that a bad spell is
 followed and then forgotten, starting from ``prior_per_node_h`` worth ``prior_node_h`` node-hours.
-Without interruptions the discount stays below 0.1% and the plan is what it would be without it.
+A flavor with no interruption seen counts at full capacity: the plan is what it was without this.
 """
 
 from __future__ import annotations
