@@ -7,7 +7,7 @@ bursts the model of one replica does not see needs more than it says. Neither is
 is. So the step keeps the share of finished requests that met both targets, smoothed over
 ``time_constant_s`` (weighted by requests, not windows), and a factor on each model's demand that it moves
 like an integral controller with a dead band: down by ``relax_per_h`` an hour while the delivered
-attainment is comfortably above the goal, up by ``tighten_per_h`` (in proportion to the shortfall) while it
+attainment is comfortably above the goal (once the record is ``relax_after_s`` old), up by ``tighten_per_h`` (in proportion to the shortfall) while it
 is below, and left alone in between. The shipped rates and bounds were chosen on the dev split
 (bench/results/tune.md). Like an error budget: misses not spent may be spent at the peaks, misses
 overspent are bought back. The rates are slow against a node start-up, so that what one change delivered
@@ -34,6 +34,11 @@ class FeedbackSettings:
     relax_above: float = 0.25
     relax_per_h: float = 0.6
     min_factor: float = 0.8
+    # It falls only once the record is this old: a record of the first minutes of traffic (or of the minutes
+    # after a restart) has not measured the miss budget it would spend, and a fleet relaxed on it meets a
+    # ramp at its full modelled capacity (a generated chat hour from cold met 96.9% with no wait, 99.8% with
+    # one, bench/results/tune_young.md). It rises at once.
+    relax_after_s: float = 1800.0
     # ... and below the goal it rises by tighten_per_h an hour at a slack of -1 (twice the allowed misses),
     # in proportion to the shortfall, up to max_factor.
     tighten_per_h: float = 0.3
@@ -46,12 +51,21 @@ class FeedbackSettings:
     # have seen only calm: relaxed with the rest whatever the record's age, the Azure code trace x3 met
     # 96.60% after a restart (the record had seen half an hour of calm), 98.56% held (bench/results/tune.md).
     relax_burst_floor: bool = False
+    # Below 1 the factor never counts a model's demand below its mean arrival rate over the last
+    # floor_window_s (0: no floor). It trims what the demand adds to the load of the last minutes (a
+    # forecast's growth, a peak held, a backlog), never the utilisation headroom that load needs:
+    # target_utilization 0.8 times min_factor 0.8 sizes the fleet at its full modelled capacity, and a slow
+    # ramp outgrows that by more than the capacity model's error before a replica ordered for it starts
+    # (a generated chat ramp from cold met 95.3% without a floor, bench/results/tune_floor.md). Five minutes,
+    # as Kubernetes' HPA looks back five minutes before it scales down; the rule chose it over 1 and 11 min.
+    floor_window_s: float = 300.0
 
     def __post_init__(self) -> None:
         checks = {"time_constant_s": self.time_constant_s > 0, "relax_above": 0 <= self.relax_above < 1,
                   "relax_per_h": self.relax_per_h >= 0, "min_factor": 0 < self.min_factor <= 1,
                   "tighten_per_h": self.tighten_per_h >= 0, "max_factor": self.max_factor >= 1,
-                  "min_requests": self.min_requests >= 0}
+                  "min_requests": self.min_requests >= 0, "relax_after_s": self.relax_after_s >= 0,
+                  "floor_window_s": self.floor_window_s >= 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"FeedbackSettings.{name} is out of range, got {getattr(self, name)}")
@@ -111,6 +125,8 @@ def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSet
     slack = (att - goal) / max(1.0 - goal, 1e-9)
     hours = dt / 3600.0
     if slack > settings.relax_above:
+        if record.age_s(record.at_s) < settings.relax_after_s:
+            return record.factor
         return max(record.factor - settings.relax_per_h * hours, settings.min_factor)
     if slack < 0:
         return min(record.factor + settings.tighten_per_h * min(-slack, 1.0) * hours, settings.max_factor)

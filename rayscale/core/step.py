@@ -92,7 +92,7 @@ def step(ctx: StepContext) -> StepResult:
     forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
-    demands = _with_feedback(demands, state.delivered, cfg, ctx.now)
+    demands = _with_feedback(demands, state.delivered, cfg, ctx.now, signals)
     current: dict[Key, int] = {}
     for g in ctx.gangs:
         if g.phase != GangPhase.FAILED:
@@ -147,11 +147,11 @@ def _delivered(ctx: StepContext, signals: Mapping[str, ModelSignals], result: Pl
     return out
 
 
-def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered],
-                   cfg: Settings, now: float) -> dict[str, Demand]:
+def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered], cfg: Settings, now: float,
+                   signals: Mapping[str, ModelSignals]) -> dict[str, Demand]:
     """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback); its burst floor
     too when the factor is above 1, or below it with ``relax_burst_floor`` and a record as old as the floor's
-    arrivals."""
+    arrivals. Below 1, never below the arrivals of the last ``floor_window_s`` (``_sustained_rate``)."""
     out = dict(demands)
     for name, d in demands.items():
         rec = record.get(name)
@@ -163,8 +163,22 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
         covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
         burst = factor if factor > 1.0 or covers else 1.0
-        out[name] = replace(d, rps=d.rps * factor, burst_rps=d.burst_rps * burst, reason=why)
+        rps = d.rps * factor
+        arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s)
+        if factor < 1.0 and arriving is not None and rps < arriving:
+            rps = min(d.rps, arriving)
+            why += f", not below the {arriving:.2f} req/s arriving"
+        out[name] = replace(d, rps=rps, burst_rps=d.burst_rps * burst, reason=why)
     return out
+
+
+def _sustained_rate(sig: ModelSignals | None, window_s: float, history_window_s: float) -> float | None:
+    """The mean arrival rate over the last ``window_s``: the rate history's samples that span it, or this
+    window's rate before there are any; None with no window or no rate."""
+    if window_s <= 0 or sig is None or sig.arrival_rate_rps is None:
+        return None
+    recent = sig.rate_history[-max(1, round(window_s / history_window_s)):]
+    return statistics.fmean(recent) if recent else sig.arrival_rate_rps
 
 
 def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, tuple[float, ...]],

@@ -24,8 +24,8 @@ def _sig(finished: float | None, met: float | None, rate: float = 3.0) -> ModelS
                         slo_met=met)
 
 
-def _record(att: float, factor: float = 1.0, requests: float = 1e5) -> Delivered:
-    return Delivered(10.0, 10.0 * att, requests, 0.0, factor)
+def _record(att: float, factor: float = 1.0, requests: float = 1e5, age_s: float = 7200.0) -> Delivered:
+    return Delivered(10.0, 10.0 * att, requests, 0.0, factor, since_s=-age_s)
 
 
 def test_the_factor_falls_slowly_when_every_request_meets_the_slo_and_stops_at_its_floor() -> None:
@@ -46,6 +46,11 @@ def test_the_factor_rises_with_the_shortfall_and_stops_at_its_ceiling() -> None:
 
 def test_a_young_record_or_feedback_off_leaves_demand_alone() -> None:
     assert next_factor(_record(1.0, requests=10.0), 3600.0, GOAL, FB) == 1.0
+    # Younger than relax_after_s it may tighten but not relax: it has not yet measured the budget it spends.
+    young = FB.relax_after_s - 60.0
+    assert next_factor(_record(1.0, factor=0.95, age_s=young), 600.0, GOAL, FB) == 0.95
+    assert next_factor(_record(0.97, age_s=young), 600.0, GOAL, FB) > 1.0
+    assert next_factor(_record(1.0, age_s=young), 600.0, GOAL, replace(FB, relax_after_s=0.0)) < 1.0
     assert next_factor(_record(1.0, factor=0.9), 3600.0, GOAL, replace(FB, enabled=False)) == 1.0
 
 
@@ -64,20 +69,56 @@ def test_the_record_weighs_windows_by_their_requests_and_ignores_windows_without
     assert delivered(busy, _sig(0.0, None), 30.0, 2 * FB.time_constant_s, GOAL, FB) is busy
 
 
-def _ctx(now: float, gangs: tuple[Gang, ...], state: StepState, sig: ModelSignals) -> StepContext:
+def _ctx(now: float, gangs: tuple[Gang, ...], state: StepState, sig: ModelSignals,
+         cfg: Settings | None = None) -> StepContext:
     cat = load_catalog().subset(["mistral-7b"], ["l40s"])
-    return StepContext(now, cat, {"mistral-7b": sig}, gangs, ServeView({}, {}), Settings(), state)
+    return StepContext(now, cat, {"mistral-7b": sig}, gangs, ServeView({}, {}), cfg or Settings(), state)
 
 
 def test_the_step_scales_demand_by_the_factor_and_says_why() -> None:
     sig = _sig(300.0, 1.0, rate=20.0)
-    plain = step(_ctx(0.0, (), StepState(), sig)).demands["mistral-7b"]
-    relaxed = step(_ctx(0.0, (), StepState(delivered={"mistral-7b": _record(1.0, factor=0.8)}), sig))
+    cfg = Settings(feedback=replace(FB, floor_window_s=0.0))
+    plain = step(_ctx(0.0, (), StepState(), sig, cfg)).demands["mistral-7b"]
+    relaxed = step(_ctx(0.0, (), StepState(delivered={"mistral-7b": _record(1.0, factor=0.8)}), sig, cfg))
     d = relaxed.demands["mistral-7b"]
     assert d.rps == pytest.approx(0.8 * plain.rps)
     assert "x0.80" in d.reason and "100.00% of requests meeting the SLO" in d.reason
     assert sum(e.replicas for e in relaxed.plan.entries) < sum(e.replicas for e in step(
-        _ctx(0.0, (), StepState(), sig)).plan.entries)
+        _ctx(0.0, (), StepState(), sig, cfg)).plan.entries)
+
+
+@pytest.mark.parametrize(("factor", "arriving", "floor", "want"), [
+    (0.8, 9.0, True, 9.0), (0.8, 5.0, True, 8.0), (0.8, 12.0, True, 10.0), (0.8, 9.0, False, 8.0),
+    (1.1, 9.0, True, 11.0)])
+def test_a_relaxed_factor_never_counts_demand_below_the_arrivals(
+    factor: float, arriving: float, floor: bool, want: float
+) -> None:
+    """A relaxed factor trims what the demand adds to the load arriving now (the forecast's growth, a
+    backlog), not the utilisation headroom that load needs (FeedbackSettings.floor_window_s); nor does it
+    raise a demand sized below the arrivals. Before the rate history holds a sample, the window's rate."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
+    cfg = Settings(feedback=replace(FB, floor_window_s=300.0 if floor else 0.0))
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, factor)}, cfg, 0.0,
+                         {"mistral-7b": _sig(300.0, 1.0, rate=arriving)})["mistral-7b"]
+    assert got.rps == pytest.approx(want)
+    assert ("req/s arriving" in got.reason) == (floor and factor < 1.0 and arriving > 8.0)
+
+
+def test_the_floor_is_the_mean_of_the_rate_history_over_its_window() -> None:
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
+    cfg = Settings(feedback=replace(FB, floor_window_s=180.0))  # three one-minute samples
+    sig = replace(_sig(300.0, 1.0, rate=20.0), rate_history=(30.0, 6.0, 9.0, 12.0))
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0, {"mistral-7b": sig})
+    assert got["mistral-7b"].rps == pytest.approx(9.0)  # (6 + 9 + 12) / 3: neither the older 30 nor the 20 now
+
+
+def test_the_step_keeps_a_relaxed_fleet_above_the_arrivals() -> None:
+    """Under the shipped settings a relaxed record leaves the plan where the arrivals alone put it."""
+    sig = _sig(300.0, 1.0, rate=20.0)
+    plain = step(_ctx(0.0, (), StepState(), sig))
+    relaxed = step(_ctx(0.0, (), StepState(delivered={"mistral-7b": _record(1.0, factor=0.8)}), sig))
+    assert relaxed.demands["mistral-7b"].rps == pytest.approx(min(plain.demands["mistral-7b"].rps, 20.0))
+    assert sum(e.replicas for e in relaxed.plan.entries) == sum(e.replicas for e in plain.plan.entries)
 
 
 @pytest.mark.parametrize(("factor", "relax_floor", "age_s", "burst"), [
@@ -91,7 +132,8 @@ def test_a_relaxed_factor_trims_the_burst_floor_only_once_its_record_spans_the_f
     d = Demand("mistral-7b", DemandState.OK, 10.0, MIX, burst_rps=50.0)
     cfg = Settings(feedback=replace(FB, relax_burst_floor=relax_floor))
     assert cfg.burst_history_s == 3600.0
-    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.999, factor)}, cfg, age_s)["mistral-7b"]
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.999, factor, age_s=0.0)}, cfg, age_s,
+                         {})["mistral-7b"]
     assert got.rps == pytest.approx(10.0 * factor)
     assert got.burst_rps == pytest.approx(burst)
 
