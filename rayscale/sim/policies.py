@@ -46,6 +46,7 @@ from rayscale.core.gangs import gang_shape
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix, length_quantiles
+from rayscale.core.spot import rates
 from rayscale.core.step import StepContext, StepState, step
 from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
@@ -181,8 +182,12 @@ class RayscalePolicy(Policy):
 
     def extra(self) -> dict[str, Any]:
         """Where SLO feedback left each model (rayscale.core.feedback): its factor on demand and the
-        smoothed attainment that moved it."""
-        return dict(feedback.report(self.state.delivered))
+        smoothed attainment that moved it; and the spot interruptions per node-hour the step learned per
+        flavor (rayscale.core.spot.rates: only flavors it saw interrupted)."""
+        out: dict[str, Any] = dict(feedback.report(self.state.delivered))
+        learned = rates(self.state.spot, self.settings.spot, sorted(self.state.spot.pools))
+        out.update({f"spot_interruptions_per_node_h_{f}": r for f, r in learned.items()})
+        return out
 
 
 class StaticPeakPolicy(Policy):

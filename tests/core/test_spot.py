@@ -96,9 +96,18 @@ def test_simulate_takes_the_spot_interruption_rate_and_the_plan_learns_it(capsys
     assert "--spot-interruptions must be >= 0" in capsys.readouterr().err
     assert main([*run, "--spot-interruptions", "0"]) == 0
     calm = json.loads(capsys.readouterr().out)
-    assert main([*run, "--spot-interruptions", "30"]) == 0
+    assert main([*run, "--spot-interruptions", "8"]) == 0  # many more hit a spot node before it serves
     stormy = json.loads(capsys.readouterr().out)
     assert calm["spot_interruptions"] == 0 and stormy["spot_interruptions"] > 0
     assert stormy["failed_requests"] == 0  # a notice drains the replica: nothing is dropped
-    # Spot seen failing counts for less: the plan holds more capacity (or on-demand) for the same load.
-    assert stormy["cost_usd"] > 1.2 * calm["cost_usd"] and stormy["slo_attainment"] >= 0.99
+    # The step learned a rate from the serving spot gangs it saw fail (its prior: 0.001 a node-hour), and the
+    # plan moved to on-demand (that rate's discount, and the back-off after spot gangs failed while starting),
+    # so each accelerator-hour costs more. Per hour, not in total: how long a cold start's surplus is held
+    # moves the total.
+    assert not any(k.startswith("spot_interruptions_per_node_h_") for k in calm)
+    assert stormy["spot_interruptions_per_node_h_l40s"] > 0.1
+
+    def per_hour(r: dict[str, float]) -> float:
+        return r["cost_usd"] / r["accelerator_hours"]
+
+    assert per_hour(stormy) > 1.2 * per_hour(calm) and stormy["slo_attainment"] >= 0.99
