@@ -54,6 +54,7 @@ def variants() -> dict[str, Settings]:
         "no burst floor": replace(s, estimate=replace(est, burst_floor=False)),
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),
+        "trend starts flat": replace(s, trend_start="flat"),
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
         "peak hold 60 min": replace(s, peak_hold_s=3600.0),
         "peak hold 20 min": replace(s, peak_hold_s=1200.0),

@@ -18,7 +18,9 @@ ray/serve/_private/deployment_scheduler.py), so whole gangs empty and a gang is 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -131,9 +133,11 @@ def decide(
     now: float,
     settings: ActSettings = ActSettings(),
     serve_serving: dict[tuple[str, str], int] | None = None,
+    replica_rps: Mapping[tuple[str, str], float] | None = None,
 ) -> list[Action]:
     """``serve_running``: replicas that exist (starting and stopping ones too); ``serve_serving``: those that
-    take requests (None: the running ones)."""
+    take requests (None: the running ones); ``replica_rps``: the plan's req/s of one replica per (model,
+    flavor), so that a drain holds only what stands in for capacity coming up (None: every replica, _kept)."""
     serving = serve_running if serve_serving is None else serve_serving
     backoffs = {k for k, until in unavailable.items() if until > now}
     actions, live = _drop_failed(catalog, gangs, backoffs, now, settings)
@@ -171,28 +175,55 @@ def decide(
         want = sum(target.get(k, 0) for k in keys)
         ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
         desired[mf] = (min(want, ready * slots.get(mf, 1)), want, ready)
-    # Flavors per model that Serve should run more replicas of than serve now (starting, or not placed yet).
-    short: dict[str, set[str]] = defaultdict(set)
-    for (m, f), (n, _, _) in desired.items():
-        if n > serving.get((m, f), 0):
-            short[m].add(f)
+    coming = _coming(desired, serving)
     for mf, (n, want, ready) in desired.items():
-        coming_up = mf[0] in pending_models or bool(short[mf[0]] - {mf[1]})
-        actions += _set_replicas(mf, n, want, ready, serve_target.get(mf, 0), slots.get(mf, 1), coming_up)
-        actions += _release(mf, flavors_of.get(mf, []), by_key, target, gangs_wanted, serve_running.get(mf, 0) <= n)
+        keep = _kept(mf, n, serve_target.get(mf, 0), coming.get(mf[0], {}), mf[0] in pending_models,
+                     replica_rps)
+        actions += _set_replicas(mf, n, keep, want, ready, serve_target.get(mf, 0), slots.get(mf, 1))
+        actions += _release(mf, flavors_of.get(mf, []), by_key, target, gangs_wanted,
+                            serve_running.get(mf, 0) <= keep, -(-keep // slots.get(mf, 1)))
     return actions
 
 
-def _set_replicas(mf: tuple[str, str], desired: int, want: int, ready: int, cur: int, slots: int,
-                  coming_up: bool) -> list[Action]:
+def _coming(desired: dict[tuple[str, str], tuple[int, int, int]],
+            serving: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    """Per model and flavor, the planned replicas that do not serve yet (on pending gangs, or placed and
+    starting)."""
+    coming: dict[str, dict[str, int]] = defaultdict(dict)
+    for (m, f), (_, want, _) in desired.items():
+        if want > serving.get((m, f), 0):
+            coming[m][f] = want - serving.get((m, f), 0)
+    return coming
+
+
+def _kept(mf: tuple[str, str], n: int, cur: int, coming: dict[str, int], pending: bool,
+          replica_rps: Mapping[tuple[str, str], float] | None) -> int:
+    """Replicas of ``mf`` Serve keeps: its share ``n``, or more while the model's capacity elsewhere is
+    still coming up (make before break: gangs pending, or replicas placed but not serving, since a gang is
+    ready minutes before its replica has loaded the model). Knowing each replica's req/s, it keeps only
+    enough to stand in for what is not serving yet; a whole old fleet held for one small replica's start-up
+    costs every one of its nodes for that long."""
+    if n >= cur:
+        return n
+    model, flavor = mf
+    others = {f: gap for f, gap in coming.items() if f != flavor}
+    if not others and not pending:
+        return n
+    rps = replica_rps or {}
+    if rps.get(mf, 0.0) <= 0 or any(rps.get((model, f), 0.0) <= 0 for f in others):
+        return cur
+    missing = sum(gap * rps[(model, f)] for f, gap in others.items())
+    return min(cur, n + math.ceil(missing / rps[mf] - 1e-9))
+
+
+def _set_replicas(mf: tuple[str, str], desired: int, keep: int, want: int, ready: int, cur: int,
+                  slots: int) -> list[Action]:
     if desired > cur:
         held = f"{ready} gang(s) ready" + (f" ({ready * slots} slots)" if slots > 1 else "")
         return [SetReplicas(*mf, desired, f"{held} for {want} planned")]
-    # Make before break: while the model's capacity elsewhere is still coming up (gangs pending, or replicas
-    # of another flavor placed but not serving: a gang is ready minutes before its replica loaded the model),
-    # keep serving here.
-    if desired < cur and not coming_up:
-        return [SetReplicas(*mf, desired, f"drain to {desired}: plan wants {want}")]
+    if keep < cur:
+        held = f", {keep - desired} held while the model's capacity elsewhere comes up" if keep > desired else ""
+        return [SetReplicas(*mf, keep, f"drain to {keep}: plan wants {want}{held}")]
     return []
 
 
@@ -274,13 +305,14 @@ def _slots(catalog: Catalog, pairs: set[tuple[str, str]]) -> dict[tuple[str, str
 
 
 def _release(mf: tuple[str, str], keys: list[Key], by_key: dict[Key, list[Gang]], target: dict[Key, int],
-             gangs_wanted: dict[Key, int], drained: bool) -> list[Action]:
-    """Surplus gangs of one (model, flavor): pending ones of over-planned capacity types first (nothing runs
-    there), then, once Serve runs no more than it should (``drained``), ready ones that serve nothing, those
-    of over-planned capacity types first, newest first. A gang that still serves a replica is never released:
+             gangs_wanted: dict[Key, int], drained: bool, held: int) -> list[Action]:
+    """Surplus gangs of one (model, flavor), beyond those the plan wants and those ``held`` for the replicas
+    Serve keeps: pending ones of over-planned capacity types first (nothing runs there), then, once Serve
+    runs no more than it keeps (``drained``), ready ones that serve nothing, those of over-planned capacity
+    types first, newest first. A gang that still serves a replica is never released:
     Serve empties whole nodes on a scale-down (the module docstring says how)."""
     have = [g for k in keys for g in by_key.get(k, [])]
-    surplus = len(have) - sum(gangs_wanted.get(k, 0) for k in keys)
+    surplus = len(have) - max(sum(gangs_wanted.get(k, 0) for k in keys), held)
     if surplus <= 0:
         return []
     over = {k for k in keys if len(by_key.get(k, [])) > gangs_wanted.get(k, 0)}

@@ -35,6 +35,11 @@ class TrendSeasonal:
     peak due sooner than that must keep it (without this, a burst due in 5 min of a 10 min horizon
     looks like a trough and the planner lets the capacity ordered for it go right before it lands).
     Without a seasonal term the trend is a line and its maximum is at an end: the formula is unchanged.
+
+    ``flat_start``: the trend starts at 0 and is earned window by window (``beta``), instead of at the first
+    two windows' difference. Poisson noise in that one difference, extrapolated ``horizon`` windows, orders
+    twice the fleet for a steady load one cold start in twenty (6 req/s, 10-window horizon, 3 windows seen:
+    p95 forecast 2.1x the rate, against 1.2x flat); a real ramp is then followed some windows later.
     """
 
     alpha: float = 0.5
@@ -42,12 +47,13 @@ class TrendSeasonal:
     gamma: float = 0.1
     season: int = 0  # windows per season; 0 disables the seasonal term
     horizon: int = 6
+    flat_start: bool = False
 
     def __call__(self, history: Sequence[float], current: float) -> float:
         xs = list(history)
         if len(xs) < 3:
             return current
-        level, trend = xs[0], xs[1] - xs[0]
+        level, trend = xs[0], 0.0 if self.flat_start else xs[1] - xs[0]
         m = self.season if self.season and len(xs) >= 2 * self.season else 0
         seasonal = [x - sum(xs[:m]) / m for x in xs[:m]] if m else []
         for i, x in enumerate(xs[1:], start=1):
@@ -123,10 +129,11 @@ class Seasonal:
     min_season: int = 4
     threshold: float = 0.4
     peak_window: int = 0
+    flat_start: bool = False
 
     def __call__(self, history: Sequence[float], current: float) -> float:
         m = _season_of(tuple(history), self.min_season, self.threshold)
-        f = TrendSeasonal(self.alpha, self.beta, self.gamma, m, self.horizon)(history, current)
+        f = TrendSeasonal(self.alpha, self.beta, self.gamma, m, self.horizon, self.flat_start)(history, current)
         if self.peak_window > 0:
             f = max(f, *history[-self.peak_window:]) if len(history) else f
         return f

@@ -86,12 +86,17 @@ class PlannerSettings:
     # noisy. Without it, on the diurnal trace a scale-down swapped 1 L40S for 3 inf2 to save 2%, the next
     # rise swapped back, and each swap's start-up cost SLO (simulated, 99.48% where 99.9% was usual).
     scale_down_move_saving: float = 0.15
+    # No new spot gang of a flavor whose interruptions (the learned rate, rayscale.core.spot) would put more
+    # than this share of the model's requests at risk: rate x nodes x replacement lead time x the share of
+    # the model's need one gang carries. The availability discount counts a spot replica at its average
+    # capacity; a small fleet that loses one of its two replicas misses the SLO for the whole lead time.
+    spot_outage_budget: float = 0.005
     # Settings files and the CLI give the name as a string; __post_init__ makes it a SolverChoice.
     solver: SolverChoice | str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("hysteresis_band", "downscale_headroom", "downscale_delay_s", "min_dwell_s",
-                     "replace_worse_than", "scale_down_move_saving"):
+                     "replace_worse_than", "scale_down_move_saving", "spot_outage_budget"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PlannerSettings.{name} must be >= 0, got {getattr(self, name)}")
         if not self.hysteresis_band < 1:
@@ -138,6 +143,7 @@ class PlanEntry:
     usd_per_h: float
     rps_capacity: float
     reason: str
+    replica_rps: float = 0.0  # one replica's req/s at the SLO (known even where the plan wants none)
 
     @property
     def gangs(self) -> int:
@@ -176,6 +182,10 @@ class Plan:
 
     def target(self) -> dict[Key, int]:
         return {(e.model, e.flavor, e.capacity_type): e.replicas for e in self.entries if e.replicas > 0}
+
+    def replica_rps(self) -> dict[tuple[str, str], float]:
+        """Req/s one replica of a (model, flavor) serves at the SLO, where the plan knows it."""
+        return {(e.model, e.flavor): e.replica_rps for e in self.entries if e.replica_rps > 0}
 
     def changes(self) -> list[PlanEntry]:
         return [e for e in self.entries if e.replicas != e.current]
@@ -249,6 +259,7 @@ class _Build:
     notes: list[str] = field(default_factory=list)
     shapes: Shapes = field(default_factory=dict)
     spot_rates: Mapping[str, float] = field(default_factory=dict)  # flavor -> interruptions per node-hour
+    world: Mapping[Key, int] = field(default_factory=dict)  # replicas the gangs that stand hold
 
 
 def plan(
@@ -271,7 +282,7 @@ def plan(
     blocked = _blocked(catalog, unavailable or {}, now)
     current = _converging(world, memory.targets, blocked)
     b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s),
-               spot_rates=spot_rates or {})
+               spot_rates=spot_rates or {}, world=world)
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
@@ -312,7 +323,7 @@ def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> N
     if d is not None and d.best_effort:
         b.why[name] += "; best effort: no flavor meets the SLO for this mix"
     first = len(b.offers)
-    slots = _add_offers(b, name, mode, caps, cur)
+    slots = _add_offers(b, name, mode, caps, cur, rps)
     if mode == Mode.UP and b.settings.whole_best_replicas and d is not None and d.state == DemandState.OK:
         rps = _order_whole_best(b, name, d, rps, cur, cur_cap, cur_n, b.offers[first:], slots)
     b.needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
@@ -372,7 +383,7 @@ def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cu
 
 
 def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacity],
-                cur: dict[Key, int]) -> dict[str, int]:
+                cur: dict[Key, int], need_rps: float) -> dict[str, int]:
     """The model's offerings, bounded by ``mode``; the replicas a gang holds per flavor it got."""
     spec = b.catalog.models[name]
     slots: dict[str, int] = {}
@@ -390,6 +401,8 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
         slots[fname] = shape.slots
         cap = caps[fname].rps if fname in caps else 0.0
         unit = len(b.gangs)
+        od = CapacityType.ON_DEMAND.value
+        od_open = any(v == od for _, v, _ in prices) and (fname, od) not in b.blocked
         for ct, ctv, price in prices:
             worth = _worth(b, name, fname, ctv)
             if worth < 0.995:
@@ -397,8 +410,16 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
                                f"({b.spot_rates[fname]:.2f} interruptions per node-hour)")
             have = cur.get((name, fname, ctv), 0)
             lb, ub = (have, have) if mode == Mode.KEEP else (have if mode == Mode.UP else 0, spec.max_replicas)
+            # Only where the flavor's on-demand capacity may stand in: risky spot serves better than none.
+            risk = _spot_outage_risk(b, name, fname, ctv, cap * shape.slots, need_rps) if od_open else 0.0
+            if risk > b.settings.spot_outage_budget:
+                b.why[name] = (f"{b.why.get(name, '')}; no new spot {fname}: one interrupted gang would put "
+                               f"{risk:.1%} of requests at risk")
             if (fname, ctv) in b.blocked or cap <= 0:
                 ub = min(ub, have)  # no new gangs where capacity errors back us off or SLO is unmeetable
+                lb = min(lb, ub)
+            if risk > b.settings.spot_outage_budget:  # nor is an interrupted one replaced on spot
+                ub = min(ub, have, b.world.get((name, fname, ctv), 0))
                 lb = min(lb, ub)
             if ub <= 0 and have == 0:
                 continue
@@ -407,17 +428,32 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
     return slots
 
 
-def _worth(b: _Build, model: str, flavor: str, capacity_type: str) -> float:
-    """The share of its capacity a replica counts for: 1 on demand; on spot, the time it serves between
-    interruptions and their replacements (rayscale.core.spot)."""
+def _spot_exposure(b: _Build, model: str, flavor: str, capacity_type: str) -> tuple[float, int, float]:
+    """(learned interruptions per node-hour, nodes per gang, a replacement's lead time in s) of one offering;
+    a rate of 0 on demand and where no interruption of the flavor was seen (rayscale.core.spot)."""
     rate = b.spot_rates.get(flavor, 0.0) if capacity_type == CapacityType.SPOT.value else 0.0
     par = b.catalog.models[model].parallelism.get(flavor)
     if rate <= 0 or flavor not in b.catalog.flavors or par is None:
-        return 1.0
+        return 0.0, 1, 0.0
     got = _cached_shape(b.catalog, b.shapes, flavor, par)
     nodes = 1 if isinstance(got, str) else got[0].nodes
-    lead_s = b.catalog.flavors[flavor].node_startup_s + b.catalog.profile(model, flavor).startup_s
-    return availability(rate, nodes, lead_s)
+    return rate, nodes, b.catalog.flavors[flavor].node_startup_s + b.catalog.profile(model, flavor).startup_s
+
+
+def _spot_outage_risk(b: _Build, model: str, flavor: str, capacity_type: str, gang_rps: float,
+                      need_rps: float) -> float:
+    """Share of the model's requests one spot gang's interruptions put at risk: the share of the time it is
+    out (rate x nodes x the replacement's lead time) times the share of the need it carries."""
+    rate, nodes, lead_s = _spot_exposure(b, model, flavor, capacity_type)
+    carried = min(1.0, gang_rps / need_rps) if need_rps > 0 else 1.0
+    return rate * nodes * lead_s / 3600.0 * carried
+
+
+def _worth(b: _Build, model: str, flavor: str, capacity_type: str) -> float:
+    """The share of its capacity a replica counts for: 1 on demand; on spot, the time it serves between
+    interruptions and their replacements."""
+    rate, nodes, lead_s = _spot_exposure(b, model, flavor, capacity_type)
+    return availability(rate, nodes, lead_s) if rate > 0 else 1.0
 
 
 def _order_whole_best(b: _Build, name: str, d: Demand, rps: float, cur: dict[Key, int], cur_cap: float,
@@ -485,7 +521,7 @@ def _entries(catalog: Catalog, problem: Problem, sol: Solution, have: list[int],
         # Replicas are priced as their share of a gang; the plan pays for the whole gangs they pack into.
         g = gangs[(m, f)]
         entries.append(PlanEntry(m, f, ctv, n, now_n, g, g.gangs_for(n) * g.slots * offs.usd_per_h[j],
-                                 n * offs.rps[j], why[m]))
+                                 n * offs.rps[j], why[m], offs.rps[j]))
     # Replicas on offerings the catalog no longer has (flavor removed): plan them away, visibly.
     for k, n in sorted(current.items()):
         if k not in known and k[0] in catalog.models and (k[0], k[1]) in gangs:

@@ -21,6 +21,7 @@ from rayscale.core.spot import SpotSettings
 
 MIX_MIN_REQUESTS = 1000
 MIX_MAX_S = 900.0
+TREND_STARTS = ("difference", "flat")
 
 
 def shipped_planner() -> PlannerSettings:
@@ -53,6 +54,9 @@ class Settings:
     # How far ahead the forecaster looks; None: the median start-up (node + model load) of the catalog's
     # offerings, as long as ordered capacity takes to serve.
     forecast_horizon_s: float | None = None
+    # Where the trend of the trend forecasters starts: "difference" of the first two windows (Holt's
+    # textbook start), or "flat", earned window by window (rayscale.core.forecast.TrendSeasonal).
+    trend_start: str = "difference"
     # Arrivals per period are kept this long for the burst floor (rayscale.core.burst).
     burst_history_s: float = 3600.0
     estimate: EstimateSettings = field(default_factory=shipped_estimate)
@@ -72,6 +76,8 @@ class Settings:
                              f"got {self.fast_window_s}")
         if self.forecaster not in FORECASTERS:
             raise ValueError(f"Settings.forecaster must be one of {sorted(FORECASTERS)}, got {self.forecaster!r}")
+        if self.trend_start not in TREND_STARTS:
+            raise ValueError(f"Settings.trend_start must be one of {list(TREND_STARTS)}, got {self.trend_start!r}")
         if self.history_len < 1:
             raise ValueError(f"Settings.history_len must be >= 1, got {self.history_len}")
         if self.forecast_horizon_s is not None and not self.forecast_horizon_s >= 0:

@@ -89,7 +89,7 @@ def step(ctx: StepContext) -> StepResult:
     corrections = update_corrections(catalog, dict(signals), dict(state.corrections),
                                      smoothing=correction_smoothing(cfg.period_s))
     horizon_s = state.horizon_s if state.horizon_s is not None else horizon_of(catalog, cfg)
-    forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s)
+    forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s, cfg.trend_start)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
     demands = _with_feedback(demands, state.delivered, cfg, ctx.now, signals)
@@ -108,7 +108,8 @@ def step(ctx: StepContext) -> StepResult:
     if ctx.serve is not None:
         serving = ctx.serve.running if ctx.serve.serving is None else ctx.serve.serving
         actions = tuple(decide(catalog, result.target(), list(ctx.gangs), dict(ctx.serve.target),
-                               dict(ctx.serve.running), unavailable, ctx.now, cfg.act, dict(serving)))
+                               dict(ctx.serve.running), unavailable, ctx.now, cfg.act, dict(serving),
+                               result.replica_rps()))
     for a in actions:
         if isinstance(a, BackOff):
             unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s
@@ -207,23 +208,26 @@ def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, 
             sig = replace(sig, mix=last_mix[name])
         past = history.get(name, ())
         out[name] = replace(sig, rate_history=past)
-        if due:
-            history[name] = (*past, _window_rate(sig, cfg.history_window_s))[-cfg.history_len:]
+        sample = _window_rate(sig, cfg.history_window_s) if due else None
+        if sample is not None:
+            history[name] = (*past, sample)[-cfg.history_len:]
     return out, history, next_s, last_mix
 
 
-def _window_rate(sig: ModelSignals, window_s: float) -> float:
+def _window_rate(sig: ModelSignals, window_s: float) -> float | None:
+    """The arrival rate over the last whole window; None while the counts cover less than one (a rate over
+    the first seconds after a start is noise that the trend would extrapolate a start-up horizon ahead)."""
     counts, bin_s = sig.arrival_counts, sig.arrival_bin_s
-    k = round(window_s / bin_s) if bin_s > 0 else 0
-    if k >= 1 and len(counts) >= k:
-        return float(sum(counts[-k:])) / (k * bin_s)
-    return float(sig.arrival_rate_rps or 0.0)
+    if bin_s <= 0:
+        return float(sig.arrival_rate_rps or 0.0)
+    k = max(1, round(window_s / bin_s))
+    return float(sum(counts[-k:])) / (k * bin_s) if len(counts) >= k else None
 
 
 def forecaster_for(catalog: Catalog, settings: Settings) -> Forecaster:
     """The settings' forecaster, looking as far ahead as ordered capacity takes to serve."""
     return _forecaster(settings.forecaster, horizon_of(catalog, settings), settings.history_window_s,
-                       settings.peak_hold_s)
+                       settings.peak_hold_s, settings.trend_start)
 
 
 def horizon_of(catalog: Catalog, settings: Settings) -> float:
@@ -235,10 +239,10 @@ def horizon_of(catalog: Catalog, settings: Settings) -> float:
 
 
 @functools.lru_cache(maxsize=32)
-def _forecaster(name: str, horizon_s: float, window_s: float, hold_s: float) -> Forecaster:
+def _forecaster(name: str, horizon_s: float, window_s: float, hold_s: float, trend_start: str) -> Forecaster:
     fc = FORECASTERS[name]
     if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
-        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)))
+        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=trend_start == "flat")
     if isinstance(fc, Seasonal) and fc.peak_window > 0:
         fc = replace(fc, peak_window=max(1, round(hold_s / window_s)))
     return fc

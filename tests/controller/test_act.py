@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rayscale.config import load_catalog
@@ -140,3 +142,33 @@ def test_serve_places_per_flavor_so_an_idle_gang_of_another_capacity_type_goes_a
     # A real shortfall of the flavor still orders, on the short capacity type.
     acts = decide(CAT, {K: 1, spot: 2}, world[:2], {mf: 2}, {mf: 2}, {}, now=110.0)
     assert [(a.name, a.capacity_type) for a in acts if isinstance(a, CreateGang)] == [("qwen2-72b-a10g-spot-0", "spot")]
+
+
+def test_make_before_break_holds_only_what_the_incoming_capacity_replaces() -> None:
+    """Seven 7B replicas on L40S, the plan wants two there and one slow inf2 replica: while the inf2 starts,
+    one L40S replica more than planned covers it, not all seven, and the idle gangs go."""
+    m = "mistral-7b"
+    l40s, inf2 = (m, "l40s", "on-demand"), (m, "inf2", "on-demand")
+    world = [Gang(f"{m}-l40s-od-{i}", *l40s, "us-east-1a", "g6e.xlarge", 1, GangPhase.READY, 0.0, 1)
+             for i in range(7)]
+    world.append(Gang(f"{m}-inf2-od-0", *inf2, "us-east-1a", "inf2.xlarge", 1, GangPhase.PENDING, 10.0))
+    mf = (m, "l40s")
+    target = {l40s: 2, inf2: 1}
+    rps = {mf: 3.7, (m, "inf2"): 0.85}
+    acts = decide(CAT, target, world, {mf: 7}, {mf: 7}, {}, now=20.0, replica_rps=rps)
+    assert acts == [SetReplicas(m, "l40s", 3, "drain to 3: plan wants 2, 1 held while the model's capacity "
+                                                 "elsewhere comes up")]
+    # Without the replicas' req/s the drain holds them all, as before.
+    assert decide(CAT, target, world, {mf: 7}, {mf: 7}, {}, now=20.0) == []
+    # Serve stopped four: their gangs go, the three that serve stay until the inf2 replica serves.
+    drained = [replace(g, serving=0) if i >= 3 else g for i, g in enumerate(world[:7])] + world[7:]
+    acts = decide(CAT, target, drained, {mf: 3}, {mf: 3}, {}, now=30.0, replica_rps=rps)
+    assert sorted(a.name for a in acts if isinstance(a, DeleteGang)) == [f"{m}-l40s-od-{i}" for i in range(3, 7)]
+    assert not [a for a in acts if isinstance(a, SetReplicas)]
+    # A slower replica coming up in place of a faster one is covered in full: 4 x 0.85 needs one L40S.
+    acts = decide(CAT, {l40s: 2, inf2: 4}, world, {mf: 7}, {mf: 7}, {}, now=20.0, replica_rps=rps)
+    assert [a.replicas for a in acts if isinstance(a, SetReplicas)] == [3]
+    # Where the one coming up is worth five of these, all seven stay.
+    big = {mf: 0.85, (m, "inf2"): 3.7}
+    assert not [a for a in decide(CAT, target, world, {mf: 7}, {mf: 7}, {}, now=20.0, replica_rps=big)
+                if isinstance(a, SetReplicas | DeleteGang)]

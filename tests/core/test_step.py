@@ -63,6 +63,26 @@ def test_a_step_orders_whole_gangs_then_replicas_on_ready_ones_and_keeps_its_sta
     assert blind.actions == () and blind.plan.target()
 
 
+def test_the_rate_history_takes_whole_windows_of_counted_arrivals_only() -> None:
+    """Seconds after a start the counts cover part of a window: a rate over them is noise that a trend would
+    extrapolate a start-up ahead (4.2 req/s over the first 5 s of a steady 6 req/s became a forecast of 21)."""
+    from dataclasses import replace
+
+    from rayscale.config import load_catalog
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+
+    def at(now: float, counts: tuple[float, ...], state: StepState) -> StepState:
+        ctx = _ctx(cat, now, (), None, state, rate=4.2)
+        sig = replace(ctx.signals["mistral-7b"], arrival_counts=counts, arrival_bin_s=5.0)
+        return step(replace(ctx, signals={"mistral-7b": sig})).state
+
+    first = at(5.0, (21.0,), StepState())
+    assert "mistral-7b" not in first.rate_history  # one 5-s bin of a 60-s window
+    second = at(65.0, (21.0,) + (30.0,) * 12, first)
+    assert second.rate_history["mistral-7b"] == (6.0,)  # the last whole window: 12 bins of 30 arrivals
+
+
 def test_a_failed_gang_is_replaced_in_another_zone_and_the_back_off_is_kept_in_the_state() -> None:
     from rayscale.config import load_catalog
 

@@ -104,3 +104,19 @@ def test_the_peak_forecaster_holds_the_highest_rate_of_peak_hold_s():
         Settings(peak_hold_s=0)
 
 
+
+
+def test_a_flat_trend_start_does_not_extrapolate_the_noise_of_the_first_windows():
+    """Three windows of a steady 6 req/s and a 10-window horizon: the first difference's noise, extrapolated,
+    often orders twice the fleet; a trend that starts flat stays near the rate and still follows a ramp."""
+    rng = np.random.default_rng(0)
+    draws = [list(rng.poisson(360, 3) / 60) for _ in range(400)]
+    diff, flat = TrendSeasonal(horizon=10), TrendSeasonal(horizon=10, flat_start=True)
+    assert np.percentile([diff(h, 6.0) for h in draws], 95) > 1.8 * 6
+    assert np.percentile([flat(h, 6.0) for h in draws], 95) < 1.3 * 6
+    ramp = [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0]
+    assert flat(ramp, 16.0) > 30.0  # a ramp of 2 a window is still extrapolated
+    cat = load_catalog().subset(["mistral-7b"])
+    assert forecaster_for(cat, Settings(trend_start="flat")).flat_start  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match=r"Settings\.trend_start must be one of"):
+        Settings(trend_start="level")
