@@ -47,3 +47,11 @@ def span(xs: list[float], pct: bool) -> str:
     """min / mean / max of a bench's runs over seeds, as percentages or to two decimals."""
     f = (lambda x: f"{100 * x:.2f}%") if pct else (lambda x: f"{x:.2f}")
     return f"{f(min(xs))} / {f(statistics.mean(xs))} / {f(max(xs))}"
+
+
+def emit(text: str, out: str | None) -> int:
+    """Print a bench's record, write it to ``out`` when given; the exit status."""
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    return 0

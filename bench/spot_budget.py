@@ -18,9 +18,8 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 
-from bench.common import machine, span
+from bench.common import emit, machine, span
 from rayscale.config import load_catalog
 from rayscale.core.settings import Settings
 from rayscale.sim.policies import RayscalePolicy
@@ -81,10 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{100 * worst[chosen]:.2f}%).", "", "```",
         format_table(["budget", "traffic", "notices per node-h", "SLO min/mean/max", "$ min/mean/max"], rows),
         "```", ""])
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return emit(text, args.out)
 
 
 if __name__ == "__main__":

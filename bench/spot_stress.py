@@ -23,10 +23,9 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, machine
+from bench.common import ROOT, emit, machine
 from rayscale.config import load_catalog
 from rayscale.sim.baselines import on_demand_only
 from rayscale.sim.cloud import CloudConfig, Reclaim
@@ -115,10 +114,7 @@ def main(argv: list[str] | None = None) -> int:
              f"- model {MODEL}, shipped settings, steady state (warm-up on another draw), seeds {args.seeds}: "
              "mean with [min, max] over seeds", "", *table(rows), ""]
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
-    return 0
+    return emit(text, args.out)
 
 
 if __name__ == "__main__":
