@@ -412,13 +412,12 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
             lb, ub = (have, have) if mode == Mode.KEEP else (have if mode == Mode.UP else 0, spec.max_replicas)
             # Only where the flavor's on-demand capacity may stand in: risky spot serves better than none.
             risk = _spot_outage_risk(b, name, fname, ctv, cap * shape.slots, need_rps) if od_open else 0.0
-            if risk > b.settings.spot_outage_budget:
-                b.why[name] = (f"{b.why.get(name, '')}; no new spot {fname}: one interrupted gang would put "
-                               f"{risk:.1%} of requests at risk")
             if (fname, ctv) in b.blocked or cap <= 0:
                 ub = min(ub, have)  # no new gangs where capacity errors back us off or SLO is unmeetable
                 lb = min(lb, ub)
             if risk > b.settings.spot_outage_budget:  # nor is an interrupted one replaced on spot
+                b.why[name] = (f"{b.why.get(name, '')}; no new spot {fname}: one interrupted gang would put "
+                               f"{risk:.1%} of requests at risk")
                 ub = min(ub, have, b.world.get((name, fname, ctv), 0))
                 lb = min(lb, ub)
             if ub <= 0 and have == 0:
