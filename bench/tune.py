@@ -79,6 +79,9 @@ def variants() -> dict[str, Settings]:
         "hysteresis band 0.15": replace(s, planner=replace(pl, hysteresis_band=0.15)),
         "band 0.1 where bursts last a minute": replace(s, planner=replace(pl, smooth_hysteresis_band=0.1)),
         "band 0.15 where bursts last a minute": replace(s, planner=replace(pl, smooth_hysteresis_band=0.15)),
+        "scale-up tolerance 0.03": replace(s, planner=replace(pl, scale_up_tolerance=0.03)),
+        "scale-up tolerance 0.05": replace(s, planner=replace(pl, scale_up_tolerance=0.05)),
+        "scale-up tolerance 0.1": replace(s, planner=replace(pl, scale_up_tolerance=0.1)),
     }
 
 

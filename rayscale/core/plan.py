@@ -91,12 +91,18 @@ class PlannerSettings:
     # the model's need one gang carries. The availability discount counts a spot replica at its average
     # capacity; a small fleet that loses one of its two replicas misses the SLO for the whole lead time.
     spot_outage_budget: float = 0.005
+    # Scale up only when the demand exceeds what runs by more than this share (Kubernetes' HPA skips a
+    # change within its 10% tolerance). The capacity a replica is counted at moves a few percent from window
+    # to window (request mix, corrections), and a forecast held near the fleet's capacity crosses it on noise
+    # alone: each crossing orders a replica that lands a start-up later, for a load already served. The
+    # target utilisation, not this, is the fleet's margin.
+    scale_up_tolerance: float = 0.0
     # Settings files and the CLI give the name as a string; __post_init__ makes it a SolverChoice.
     solver: SolverChoice | str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("hysteresis_band", "downscale_headroom", "downscale_delay_s", "min_dwell_s",
-                     "replace_worse_than", "scale_down_move_saving", "spot_outage_budget"):
+                     "replace_worse_than", "scale_down_move_saving", "spot_outage_budget", "scale_up_tolerance"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PlannerSettings.{name} must be >= 0, got {getattr(self, name)}")
         if not self.hysteresis_band < 1:
@@ -340,10 +346,16 @@ def _mode(b: _Build, name: str, d: Demand | None, cur: dict[Key, int], cur_cap: 
         b.why[name] = d.reason if d else "no demand estimate: holding capacity"
         b.below_since.pop(name, None)
         return Mode.KEEP, cur_cap
-    if d.rps > cur_cap + 1e-9 or cur_n < spec.min_replicas:
+    tolerance = b.settings.scale_up_tolerance
+    if d.rps > cur_cap * (1 + tolerance) + 1e-9 or cur_n < spec.min_replicas:
         b.why[name] = f"scale up: need {d.rps:.2f} req/s ({d.reason}), have {cur_cap:.2f}"
         b.below_since.pop(name, None)
         return Mode.UP, d.rps
+    if d.rps > cur_cap:
+        b.why[name] = (f"steady: need {d.rps:.2f} req/s, within the {tolerance:.0%} scale-up tolerance of the "
+                       f"{cur_cap:.2f} running ({d.reason})")
+        b.below_since.pop(name, None)
+        return Mode.KEEP, cur_cap
     if d.rps >= (1 - _band(b.settings, d)) * cur_cap:
         b.why[name] = f"steady: need {d.rps:.2f} req/s of {cur_cap:.2f} ({d.reason})"
         b.below_since.pop(name, None)

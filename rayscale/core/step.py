@@ -10,6 +10,7 @@ where the signals and the cluster view come from and where the actions go (a pro
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, is_dataclass, replace
@@ -165,7 +166,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
         covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
         burst = factor if factor > 1.0 or covers else 1.0
         rps = d.rps * factor
-        arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s)
+        arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s,
+                                   cfg.window_s)
         if factor < 1.0 and arriving is not None and rps < arriving:
             rps = min(d.rps, arriving)
             why += f", not below the {arriving:.2f} req/s arriving"
@@ -173,13 +175,21 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
     return out
 
 
-def _sustained_rate(sig: ModelSignals | None, window_s: float, history_window_s: float) -> float | None:
-    """The mean arrival rate over the last ``window_s``: the rate history's samples that span it, or this
-    window's rate before there are any; None with no window or no rate."""
+def _sustained_rate(sig: ModelSignals | None, window_s: float, history_window_s: float,
+                    rate_window_s: float) -> float | None:
+    """The arrival rate sustained over the last ``window_s`` and still arriving: the mean of the rate
+    history's samples that span it, but no more than the rate arriving now could be (the signals' rate, over
+    ``rate_window_s``, plus two Poisson standard deviations: once a burst as long as the window ends, the
+    samples are the burst itself, and a fleet ordered for it lands after it has gone; the rate's own noise
+    must not lower the floor of a steady ramp); the signals' rate before there are any samples; None with
+    no window or no rate."""
     if window_s <= 0 or sig is None or sig.arrival_rate_rps is None:
         return None
+    now = sig.arrival_rate_rps
     recent = sig.rate_history[-max(1, round(window_s / history_window_s)):]
-    return statistics.fmean(recent) if recent else sig.arrival_rate_rps
+    if not recent:
+        return now
+    return min(statistics.fmean(recent), now + 2.0 * math.sqrt(now / max(rate_window_s, 1e-9)))
 
 
 def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, tuple[float, ...]],

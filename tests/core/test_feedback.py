@@ -112,6 +112,20 @@ def test_the_floor_is_the_mean_of_the_rate_history_over_its_window() -> None:
     assert got["mistral-7b"].rps == pytest.approx(9.0)  # (6 + 9 + 12) / 3: neither the older 30 nor the 20 now
 
 
+def test_the_floor_is_no_higher_than_the_rate_arriving_now() -> None:
+    """The last sample of a burst as long as the floor's window is the burst itself: once the arrivals have
+    fallen back, a fleet ordered for it would land after the burst has gone."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
+    cfg = Settings(feedback=replace(FB, floor_window_s=300.0))
+    sig = replace(_sig(300.0, 1.0, rate=2.0), rate_history=(2.0, 12.0, 12.0, 12.0, 12.0, 12.0))
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0, {"mistral-7b": sig})
+    assert got["mistral-7b"].rps == pytest.approx(8.0)  # the relaxed demand: the 12 req/s are not arriving
+    assert "arriving" not in got["mistral-7b"].reason
+    still = replace(sig, arrival_rate_rps=12.5)  # the burst goes on: the floor holds its mean
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0, {"mistral-7b": still})
+    assert got["mistral-7b"].rps == pytest.approx(10.0)  # min(the 10 sized, the 12 sustained)
+
+
 def test_the_step_keeps_a_relaxed_fleet_above_the_arrivals() -> None:
     """Under the shipped settings a relaxed record leaves the plan where the arrivals alone put it."""
     sig = _sig(300.0, 1.0, rate=20.0)

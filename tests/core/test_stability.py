@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rayscale.config import load_catalog
@@ -28,6 +30,24 @@ def test_scale_up_is_immediate_and_keeps_running_replicas() -> None:
     assert tgt[("mistral-7b", "a10g", "on-demand")] >= 2  # only adds
     assert all("scale up" in e.reason for e in p.entries)
     assert mem.last_change_s["mistral-7b"] == 0.0
+
+
+@pytest.mark.parametrize(("over", "tolerance", "up"), [
+    (0.03, 0.0, True), (0.03, 0.05, False), (0.08, 0.05, True)])
+def test_a_demand_within_the_scale_up_tolerance_keeps_the_fleet(over: float, tolerance: float, up: bool) -> None:
+    """Demand a few percent above what runs (capacity estimates move that much window to window) orders
+    nothing inside the tolerance, reports no shortfall, and says why; beyond it, the model scales up."""
+    cur = {("mistral-7b", "a10g", "on-demand"): 3}
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 1.0, MIX)
+    d = estimate(CAT, {"mistral-7b": sig})["mistral-7b"]
+    have = 3 * d.capacity["a10g"].rps
+    d = replace(d, rps=have * (1 + over))
+    settings = replace(SET, scale_up_tolerance=tolerance)
+    p, _ = plan(CAT, {"mistral-7b": d}, cur, now=0.0, memory=PlannerMemory(), settings=settings)
+    assert (p.replicas("mistral-7b") > 3) == up
+    assert p.replicas("mistral-7b") >= 3
+    if not up:
+        assert not p.shortfalls and "scale-up tolerance" in p.entries[0].reason
 
 
 def test_band_holds_then_downscale_waits_for_delay_and_dwell() -> None:
