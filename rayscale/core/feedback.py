@@ -53,8 +53,9 @@ class FeedbackSettings:
     # 96.60% after a restart (the record had seen half an hour of calm), 98.56% held (bench/results/tune.md).
     relax_burst_floor: bool = False
     # Below 1 the factor never counts a model's demand below its mean arrival rate over the last
-    # floor_window_s (0: no floor). It trims what the demand adds to the load of the last minutes (a
-    # forecast's growth, a peak held, a backlog), never the utilisation headroom that load needs:
+    # floor_window_s (0: no floor), while that rate still arrives (rayscale.core.step._sustained_rate). It
+    # trims what the demand adds to the load of the last minutes (a forecast's growth, a peak held, a
+    # backlog), never the utilisation headroom that load needs:
     # target_utilization 0.8 times min_factor 0.8 sizes the fleet at its full modelled capacity, and a slow
     # ramp outgrows that by more than the capacity model's error before a replica ordered for it starts
     # (a generated chat ramp from cold met 95.3% without a floor, bench/results/tune_floor.md). Five minutes,

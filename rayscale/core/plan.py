@@ -95,7 +95,9 @@ class PlannerSettings:
     # change within its 10% tolerance). The capacity a replica is counted at moves a few percent from window
     # to window (request mix, corrections), and a forecast held near the fleet's capacity crosses it on noise
     # alone: each crossing orders a replica that lands a start-up later, for a load already served. The
-    # target utilisation, not this, is the fleet's margin.
+    # target utilisation, not this, is the fleet's margin. Off (0) as shipped: on the dev split 0.03-0.1
+    # saved 3-8% on 5-min bursts but met less after a restart on bursty code traffic and lost 1.8 pt on a
+    # chat ramp from cold (bench/results/tune_up_tolerance.md).
     scale_up_tolerance: float = 0.0
     # Settings files and the CLI give the name as a string; __post_init__ makes it a SolverChoice.
     solver: SolverChoice | str = "auto"
