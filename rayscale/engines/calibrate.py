@@ -89,7 +89,8 @@ class LineFit:
 
 @dataclass(frozen=True)
 class QuadFit:
-    """y = intercept + slope x + quad x^2, least squares through the per-x medians, intercept >= 0, quad >= 0."""
+    """y = intercept + slope x + quad x^2, least squares through the per-x medians, intercept >= 0, quad >= 0
+    (:func:`fit_quadratic`)."""
 
     intercept: float
     slope: float
@@ -98,7 +99,7 @@ class QuadFit:
     x: tuple[float, ...]  # distinct x values, ascending
     y: tuple[float, ...]  # median y at each x
     residuals: tuple[float, ...]  # y - fit at each x
-    held_at_zero: tuple[str, ...] = ()  # "intercept" / "quad": their free values were negative
+    held_at_zero: tuple[str, ...] = ()  # "intercept" / "quad": held at 0 to keep the fit feasible
 
     @property
     def constrained(self) -> bool:
@@ -157,25 +158,37 @@ def fit_quadratic(x: Sequence[float], y: Sequence[float], what: str, min_points:
     tokens was off by +-1.5-3.5 ms and pulled the intercept (overhead_s) down. The objective is convex,
     so the constrained optimum is the best feasible one among the fits with each subset of {a, c} held
     at 0 (the free fit first: when it is feasible it is the answer).
+
+    When that optimum has b <= 0 the line (c = 0, a >= 0) is taken instead if its slope is positive: a
+    hockey stick (TTFT flat for short prompts on a small model, then convex) fits best with b < 0, which
+    leaves no prefill rate, yet every prompt token costs something. A b <= 0 that remains (TTFT falling with
+    the prompt) is returned for the caller to refuse.
     """
     ux, my = _medians(x, y, what, min_points, "quadratic")
     scale = float(np.max(np.abs(ux))) or 1.0  # columns of comparable size: x^2 reaches ~1e6 tokens^2
     u = ux / scale
     cols = {"intercept": np.ones_like(u), "slope": u, "quad": u * u}
-    best: tuple[float, dict[str, float], tuple[str, ...]] | None = None
-    subsets: tuple[tuple[str, ...], ...] = ((), ("quad",), ("intercept",), ("intercept", "quad"))
-    for held in subsets:
+
+    def solve(held: tuple[str, ...]) -> tuple[float, dict[str, float], tuple[str, ...]]:
         free = [k for k in cols if k not in held]
         sol, *_ = np.linalg.lstsq(np.column_stack([cols[k] for k in free]), my, rcond=None)
         coef = dict.fromkeys(cols, 0.0) | {k: float(v) for k, v in zip(free, sol, strict=True)}
-        if coef["intercept"] < 0 or coef["quad"] < 0:
+        return float(np.sum((my - sum(coef[k] * cols[k] for k in cols)) ** 2)), coef, held
+
+    best: tuple[float, dict[str, float], tuple[str, ...]] | None = None
+    for held in ((), ("quad",), ("intercept",), ("intercept", "quad")):
+        fit = solve(held)
+        if fit[1]["intercept"] < 0 or fit[1]["quad"] < 0:
             continue
-        sse = float(np.sum((my - sum(coef[k] * cols[k] for k in cols)) ** 2))
-        if best is None or sse < best[0]:
-            best = (sse, coef, held)
+        if best is None or fit[0] < best[0]:
+            best = fit
         if not held:
             break
     assert best is not None  # slope alone is always feasible
+    if best[1]["slope"] <= 0:
+        line = solve(("quad",))
+        line = line if line[1]["intercept"] >= 0 else solve(("intercept", "quad"))
+        best = line if line[1]["slope"] > 0 else best
     _, coef, held = best
     a, b, c = coef["intercept"], coef["slope"] / scale, coef["quad"] / scale**2
     res = my - (a + b * ux + c * ux * ux)

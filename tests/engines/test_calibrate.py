@@ -167,6 +167,22 @@ def test_quadratic_fit_holds_a_concave_curve_to_a_line():
     assert_constrained_optimum(f2)
 
 
+def test_quadratic_fit_keeps_a_prefill_rate_on_a_hockey_stick():
+    # TTFT flat for short prompts, then convex (a tiny model on a busy CPU, as measured in CI): the free
+    # quadratic's linear term is negative, which leaves no prefill rate; the line is the best fit with one.
+    x = [16, 32, 64, 128, 256, 512, 1024]
+    y = [0.007 - 1e-6 * p + 1.2e-8 * p * p for p in x]  # 7.0 ms at 16 tokens, 7.4 at 256, 18.6 at 1024
+    f = fit_quadratic(x, y, "x")
+    line = fit_line(x, y, "x")
+    assert f.slope > 0 and f.held_at_zero == ("quad",) and f.quad == 0.0
+    assert (f.intercept, f.slope) == pytest.approx((line.intercept, line.slope), rel=1e-9)
+    cal = fit_profile_params(list(zip(x, y, strict=True)), synthetic(noise=0.0)[1])
+    assert cal.prefill_tokens_per_s == pytest.approx(1 / line.slope)
+    # TTFT falling with the prompt has no prefill rate at all: refused, naming the fit.
+    with pytest.raises(CalibrationError, match=r"TTFT vs prompt tokens: slope .* is not positive"):
+        fit_profile_params([(p, 0.02 - 1e-5 * p) for p in x], synthetic(noise=0.0)[1])
+
+
 def test_three_prompt_lengths_fit_a_quadratic_exactly():
     x = [16, 128, 384]
     f = fit_quadratic(x, [ttft_model(p) for p in x], "x")
