@@ -176,7 +176,8 @@ def fit_quadratic(x: Sequence[float], y: Sequence[float], what: str, min_points:
         return float(np.sum((my - sum(coef[k] * cols[k] for k in cols)) ** 2)), coef, held
 
     best: tuple[float, dict[str, float], tuple[str, ...]] | None = None
-    for held in ((), ("quad",), ("intercept",), ("intercept", "quad")):
+    subsets: tuple[tuple[str, ...], ...] = ((), ("quad",), ("intercept",), ("intercept", "quad"))
+    for held in subsets:
         fit = solve(held)
         if fit[1]["intercept"] < 0 or fit[1]["quad"] < 0:
             continue
