@@ -90,7 +90,7 @@ def step(ctx: StepContext) -> StepResult:
     corrections = update_corrections(catalog, dict(signals), dict(state.corrections),
                                      smoothing=correction_smoothing(cfg.period_s))
     horizon_s = state.horizon_s if state.horizon_s is not None else horizon_of(catalog, cfg)
-    forecaster = _forecaster(cfg.forecaster, horizon_s, cfg.history_window_s, cfg.peak_hold_s, cfg.trend_start)
+    forecaster = _forecaster(cfg, horizon_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
     demands = _with_feedback(demands, state.delivered, cfg, ctx.now, signals)
@@ -236,8 +236,7 @@ def _window_rate(sig: ModelSignals, window_s: float) -> float | None:
 
 def forecaster_for(catalog: Catalog, settings: Settings) -> Forecaster:
     """The settings' forecaster, looking as far ahead as ordered capacity takes to serve."""
-    return _forecaster(settings.forecaster, horizon_of(catalog, settings), settings.history_window_s,
-                       settings.peak_hold_s, settings.trend_start)
+    return _forecaster(settings, horizon_of(catalog, settings))
 
 
 def horizon_of(catalog: Catalog, settings: Settings) -> float:
@@ -249,10 +248,12 @@ def horizon_of(catalog: Catalog, settings: Settings) -> float:
 
 
 @functools.lru_cache(maxsize=32)
-def _forecaster(name: str, horizon_s: float, window_s: float, hold_s: float, trend_start: str) -> Forecaster:
-    fc = FORECASTERS[name]
+def _forecaster(cfg: Settings, horizon_s: float) -> Forecaster:
+    fc = FORECASTERS[cfg.forecaster]
+    window_s = cfg.history_window_s
     if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
-        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=trend_start == "flat")
+        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat",
+                     beta_max=cfg.trend_gain_max)
     if isinstance(fc, Seasonal) and fc.peak_window > 0:
-        fc = replace(fc, peak_window=max(1, round(hold_s / window_s)))
+        fc = replace(fc, peak_window=max(1, round(cfg.peak_hold_s / window_s)))
     return fc
