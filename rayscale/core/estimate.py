@@ -46,7 +46,7 @@ from rayscale.core.attainment import (
     subset,
     tpot_quantile,
 )
-from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, sharpness
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, scaled_to_level, sharpness
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
@@ -101,6 +101,15 @@ class ReplicaCapacity:
 # The simulator hands the same hour of counts for a minute while it asks every period (the same as
 # forecast._season_of): computed once.
 _burst_rate = functools.lru_cache(maxsize=16)(burst_rate)
+
+
+def _burst_floor(counts: tuple[float, ...], bin_s: float, ttft_s: float, attainment: float,
+                 level_window_s: float) -> tuple[float, float]:
+    """(burst rate, sharpness) of the counts, replayed on the current level where ``level_window_s`` > 0."""
+    if level_window_s > 0:
+        counts = tuple(scaled_to_level(counts, bin_s, level_window_s).tolist())
+    burst = _burst_rate(counts, bin_s, ttft_s, attainment)
+    return burst, sharpness(counts, bin_s, burst)
 
 
 def drain_rps(profile: Profile, mix: RequestMix, batch: float, tpot_s: float) -> float:
@@ -369,6 +378,10 @@ class EstimateSettings:
     # all but 1 - attainment of the requests. Off by default (`rayscale controller --burst-floor`); the
     # simulator turns it on (SimConfig.burst_floor, bench/results/burst_floor.md).
     burst_floor: bool = False
+    # > 0: the floor replays each block of this many seconds scaled down to the newest block's level where
+    # that has fallen (rayscale.core.burst.scaled_to_level); 0: the arrivals as they came. Ships 0: the Azure
+    # code trace's bursts do not scale with their level (bench/results/tune_burst_level.md).
+    burst_level_window_s: float = 0.0
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
     best_effort: bool = True
@@ -520,9 +533,10 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         rate = forecaster(sig.rate_history, sig.arrival_rate_rps)
         burst = sharp = 0.0
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
-            burst = _burst_rate(sig.arrival_counts, sig.arrival_bin_s, catalog.models[name].slo.ttft_p95_s,
-                                1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
-            sharp = sharpness(sig.arrival_counts, sig.arrival_bin_s, burst)
+            burst, sharp = _burst_floor(tuple(sig.arrival_counts), sig.arrival_bin_s,
+                                        catalog.models[name].slo.ttft_p95_s,
+                                        1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment),
+                                        settings.burst_level_window_s)
         backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"

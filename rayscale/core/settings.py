@@ -84,6 +84,9 @@ class Settings:
             raise ValueError(f"Settings.trend_start must be one of {list(TREND_STARTS)}, got {self.trend_start!r}")
         if not 0.0 <= self.trend_gain_max <= 1.0:
             raise ValueError(f"Settings.trend_gain_max must be in [0, 1], got {self.trend_gain_max}")
+        if not self.estimate.burst_level_window_s >= 0:
+            raise ValueError(f"Settings.estimate.burst_level_window_s must be >= 0, got "
+                             f"{self.estimate.burst_level_window_s}")
         if self.history_len < 1:
             raise ValueError(f"Settings.history_len must be >= 1, got {self.history_len}")
         if self.forecast_horizon_s is not None and not self.forecast_horizon_s >= 0:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayscale.config import load_catalog
-from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, missed_share
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, missed_share, scaled_to_level
 from rayscale.core.catalog import Catalog, RequestMixSpec
 from rayscale.core.estimate import EstimateSettings, drain_rps, estimate, tpot_at
 from rayscale.core.plan import plan
@@ -199,3 +199,27 @@ def test_sharpness_tells_bursts_within_the_minute_from_a_level_that_moves() -> N
     sharp = sharpness(spiky, 5.0, burst_rate(spiky, 5.0, 2.0, 0.995))
     assert 0.8 < level < 1.2 and sharp > 2.0
     assert sharpness([], 5.0, 3.0) == 0.0 and sharpness(ramp, 5.0, 0.0) == 0.0
+
+
+def test_a_fallen_level_replays_its_bursts_on_the_level_now():
+    """Half an hour at 8 req/s, then 4 (5-s bins): replayed whole the floor holds the old level for the rest
+    of the hour; scaled to the newest 30 min it is about the level now. A level that rose is left alone."""
+    fell = [40.0] * 360 + [20.0] * 360
+    assert burst_rate(fell, 5.0, 2.0, 0.995) == pytest.approx(8.0, rel=5e-3)
+    scaled = scaled_to_level(fell, 5.0, 1800.0)
+    assert np.allclose(scaled, 20.0)
+    assert burst_rate(scaled, 5.0, 2.0, 0.995) == pytest.approx(4.0, rel=5e-3)
+    rose = [20.0] * 360 + [40.0] * 360
+    assert np.array_equal(scaled_to_level(rose, 5.0, 1800.0), rose)
+    # A burst in an old block shrinks with its block's level, its shape kept.
+    spiky = [20.0] * 300 + [100.0] * 6 + [20.0] * 54 + [10.0] * 360
+    s = scaled_to_level(spiky, 5.0, 1800.0)
+    assert s[300] / s[0] == pytest.approx(5.0) and s[0] < 10.0
+    assert np.array_equal(scaled_to_level(spiky[:300], 5.0, 1800.0), spiky[:300])  # one block: as it came
+    # Through estimate, as the shipped Settings knob sets it.
+    cat = load_catalog().subset(["mistral-7b"])
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
+                       arrival_counts=tuple(fell), arrival_bin_s=5.0)
+    whole, level = (estimate(cat, {"mistral-7b": sig}, settings=EstimateSettings(burst_floor=True, burst_level_window_s=w))
+                    ["mistral-7b"].burst_rps for w in (0.0, 1800.0))
+    assert whole == pytest.approx(8.0, rel=5e-3) and level == pytest.approx(4.0, rel=5e-3)
