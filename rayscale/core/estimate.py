@@ -382,6 +382,12 @@ class EstimateSettings:
     # that has fallen (rayscale.core.burst.scaled_to_level); 0: the arrivals as they came. Ships 0: the Azure
     # code trace's bursts do not scale with their level (bench/results/tune_burst_level.md).
     burst_level_window_s: float = 0.0
+    # The floor holds only where it is sharper than this (burst rate over the last hour's busiest minute,
+    # rayscale.core.burst.sharpness): bursts that last a minute or more reach the forecaster, whose peak
+    # hold keeps capacity for them, and on such load the floor is the hour's highest level, a second and
+    # longer peak hold (the shipped 1.5 is the planner's sharp_bursts_above, bench/results/
+    # tune_floor_sharp.md); 0: always.
+    burst_floor_min_sharpness: float = 0.0
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
     best_effort: bool = True
@@ -537,6 +543,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
                                         catalog.models[name].slo.ttft_p95_s,
                                         1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment),
                                         settings.burst_level_window_s)
+            burst = burst if sharp > settings.burst_floor_min_sharpness else 0.0
         backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"

@@ -29,7 +29,7 @@ def shipped_planner() -> PlannerSettings:
 
 
 def shipped_estimate() -> EstimateSettings:
-    return EstimateSettings(burst_floor=True)
+    return EstimateSettings(burst_floor=True, burst_floor_min_sharpness=1.5)
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,9 @@ class Settings:
             raise ValueError(f"Settings.trend_start must be one of {list(TREND_STARTS)}, got {self.trend_start!r}")
         if not 0.0 <= self.trend_gain_max <= 1.0:
             raise ValueError(f"Settings.trend_gain_max must be in [0, 1], got {self.trend_gain_max}")
+        if not self.estimate.burst_floor_min_sharpness >= 0:
+            raise ValueError(f"Settings.estimate.burst_floor_min_sharpness must be >= 0, got "
+                             f"{self.estimate.burst_floor_min_sharpness}")
         if not self.estimate.burst_level_window_s >= 0:
             raise ValueError(f"Settings.estimate.burst_level_window_s must be >= 0, got "
                              f"{self.estimate.burst_level_window_s}")

@@ -223,3 +223,27 @@ def test_a_fallen_level_replays_its_bursts_on_the_level_now():
     whole, level = (estimate(cat, {"mistral-7b": sig}, settings=EstimateSettings(burst_floor=True, burst_level_window_s=w))
                     ["mistral-7b"].burst_rps for w in (0.0, 1800.0))
     assert whole == pytest.approx(8.0, rel=5e-3) and level == pytest.approx(4.0, rel=5e-3)
+
+
+def test_the_floor_holds_only_for_bursts_sharper_than_the_busiest_minute() -> None:
+    """Shipped: a level that lasts minutes (sharpness about 1) is the forecaster's to hold, not the floor's;
+    10-s spikes far above their minute keep it."""
+    from rayscale.core.settings import Settings
+
+    cat = load_catalog().subset(["mistral-7b"])
+    shipped = Settings().estimate
+    assert shipped.burst_floor and shipped.burst_floor_min_sharpness == 1.5
+
+    def floor(counts: np.ndarray) -> tuple[float, float]:
+        sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
+                           arrival_counts=tuple(counts), arrival_bin_s=BIN)
+        d = estimate(cat, {"mistral-7b": sig}, settings=shipped)["mistral-7b"]
+        return d.burst_rps, d.burst_sharpness
+
+    level = np.concatenate([np.full(HOUR // 2, 8.0 * BIN), np.full(HOUR - HOUR // 2, 4.0 * BIN)])
+    rps, sharp = floor(level)
+    assert rps == 0.0 and 0 < sharp <= 1.5  # reported, not held
+    spikes = np.full(HOUR, 4.0 * BIN)
+    spikes[100:102] = 100.0 * BIN
+    rps, sharp = floor(spikes)
+    assert sharp > 1.5 and rps == pytest.approx(burst_rate(spikes, BIN, 2.0, 1 - BURST_BUDGET_SHARE * 0.01))
