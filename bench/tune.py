@@ -55,6 +55,7 @@ def variants() -> dict[str, Settings]:
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),
         "trend starts flat": replace(s, trend_start="flat"),
+        "burst floor always": replace(s, estimate=replace(est, burst_floor_min_sharpness=0.0)),
         "burst floor only above sharpness 1.2": replace(s, estimate=replace(est, burst_floor_min_sharpness=1.2)),
         "burst floor only above sharpness 1.5": replace(s, estimate=replace(est, burst_floor_min_sharpness=1.5)),
         "burst floor on the level of 20 min": replace(s, estimate=replace(est, burst_level_window_s=1200.0)),

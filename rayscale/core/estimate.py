@@ -382,11 +382,10 @@ class EstimateSettings:
     # that has fallen (rayscale.core.burst.scaled_to_level); 0: the arrivals as they came. Ships 0: the Azure
     # code trace's bursts do not scale with their level (bench/results/tune_burst_level.md).
     burst_level_window_s: float = 0.0
-    # The floor holds only where it is sharper than this (burst rate over the last hour's busiest minute,
-    # rayscale.core.burst.sharpness): bursts that last a minute or more reach the forecaster, whose peak
-    # hold keeps capacity for them, and on such load the floor is the hour's highest level, a second and
-    # longer peak hold (the shipped 1.5 is the planner's sharp_bursts_above, bench/results/
-    # tune_floor_sharp.md); 0: always.
+    # > 0: the floor holds only where it is sharper than this (burst rate over the last hour's busiest
+    # minute, rayscale.core.burst.sharpness): on load whose bursts last a minute or more the floor is the
+    # hour's highest level, a second, longer peak hold behind the forecaster's. Ships 0: without it a fast
+    # ramp's trend alone lagged, 96.99% on the dev fast ramp (bench/results/tune_floor_sharp.md).
     burst_floor_min_sharpness: float = 0.0
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.

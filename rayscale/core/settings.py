@@ -29,7 +29,7 @@ def shipped_planner() -> PlannerSettings:
 
 
 def shipped_estimate() -> EstimateSettings:
-    return EstimateSettings(burst_floor=True, burst_floor_min_sharpness=1.5)
+    return EstimateSettings(burst_floor=True)
 
 
 @dataclass(frozen=True)

@@ -225,14 +225,14 @@ def test_a_fallen_level_replays_its_bursts_on_the_level_now():
     assert whole == pytest.approx(8.0, rel=5e-3) and level == pytest.approx(4.0, rel=5e-3)
 
 
-def test_the_floor_holds_only_for_bursts_sharper_than_the_busiest_minute() -> None:
-    """Shipped: a level that lasts minutes (sharpness about 1) is the forecaster's to hold, not the floor's;
-    10-s spikes far above their minute keep it."""
+def test_the_floor_can_hold_only_for_bursts_sharper_than_the_busiest_minute() -> None:
+    """With burst_floor_min_sharpness 1.5 a level that lasts minutes (sharpness about 1) is the forecaster's to
+    hold, not the floor's; 10-s spikes far above their minute keep it. Shipped: 0, the floor always holds."""
     from rayscale.core.settings import Settings
 
     cat = load_catalog().subset(["mistral-7b"])
-    shipped = Settings().estimate
-    assert shipped.burst_floor and shipped.burst_floor_min_sharpness == 1.5
+    assert Settings().estimate.burst_floor and Settings().estimate.burst_floor_min_sharpness == 0.0
+    shipped = EstimateSettings(burst_floor=True, burst_floor_min_sharpness=1.5)
 
     def floor(counts: np.ndarray) -> tuple[float, float]:
         sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
@@ -243,6 +243,10 @@ def test_the_floor_holds_only_for_bursts_sharper_than_the_busiest_minute() -> No
     level = np.concatenate([np.full(HOUR // 2, 8.0 * BIN), np.full(HOUR - HOUR // 2, 4.0 * BIN)])
     rps, sharp = floor(level)
     assert rps == 0.0 and 0 < sharp <= 1.5  # reported, not held
+    always = EstimateSettings(burst_floor=True)
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
+                       arrival_counts=tuple(level), arrival_bin_s=BIN)
+    assert estimate(cat, {"mistral-7b": sig}, settings=always)["mistral-7b"].burst_rps == pytest.approx(8.0, rel=5e-3)
     spikes = np.full(HOUR, 4.0 * BIN)
     spikes[100:102] = 100.0 * BIN
     rps, sharp = floor(spikes)
