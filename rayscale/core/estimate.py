@@ -542,7 +542,8 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
                                         catalog.models[name].slo.ttft_p95_s,
                                         1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment),
                                         settings.burst_level_window_s)
-            burst = burst if sharp > settings.burst_floor_min_sharpness else 0.0
+            if settings.burst_floor_min_sharpness > 0 and sharp <= settings.burst_floor_min_sharpness:
+                burst = 0.0  # sharpness is 0 under a minute of counts: only a gate that is on may drop it
         backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"

@@ -251,3 +251,9 @@ def test_the_floor_can_hold_only_for_bursts_sharper_than_the_busiest_minute() ->
     spikes[100:102] = 100.0 * BIN
     rps, sharp = floor(spikes)
     assert sharp > 1.5 and rps == pytest.approx(burst_rate(spikes, BIN, 2.0, 1 - BURST_BUDGET_SHARE * 0.01))
+
+    # Under a minute of counts sharpness is 0: the shipped floor (gate off) still holds.
+    short = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
+                         arrival_counts=tuple(spikes[98:104]), arrival_bin_s=BIN)
+    d = estimate(cat, {"mistral-7b": short}, settings=always)["mistral-7b"]
+    assert d.burst_sharpness == 0.0 and d.burst_rps > 4.0
