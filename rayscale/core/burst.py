@@ -101,22 +101,3 @@ def sharpness(counts: Counts, bin_s: float, burst_rps: float, minute_s: float = 
         return 0.0
     busiest = float(c[c.size - n:].reshape(-1, k).sum(axis=1).max()) / (k * bin_s)
     return burst_rps / busiest if busiest > 0 else 0.0
-
-
-def scaled_to_level(counts: Counts, bin_s: float, level_window_s: float) -> npt.NDArray[np.float64]:
-    """``counts`` with each ``level_window_s``-long block (counted back from the newest bin) scaled down to the
-    newest block's mean rate where its own mean was higher: min(1, newest mean / block mean).
-
-    The floor is for bursts capacity cannot follow, and a burst rides on the level of its time. Once that
-    level has fallen (a ramp's end, the evening), replaying the old bursts whole holds the old level's fleet
-    for the rest of the hour; scaled, they are replayed on the level that arrives now. Never scaled up: a
-    level that rose since is the forecaster's to follow.
-    """
-    c = np.asarray(counts, dtype=float)
-    k = max(1, round(level_window_s / bin_s))
-    if c.size <= k:
-        return c
-    block = (c.size - 1 - np.arange(c.size)) // k  # 0: the newest block
-    mean = np.bincount(block, weights=c) / np.bincount(block)
-    scale = np.minimum(1.0, mean[0] / np.maximum(mean, 1e-12))
-    return c * scale[block]

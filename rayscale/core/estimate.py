@@ -46,7 +46,7 @@ from rayscale.core.attainment import (
     subset,
     tpot_quantile,
 )
-from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, scaled_to_level, sharpness
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, sharpness
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
@@ -103,11 +103,8 @@ class ReplicaCapacity:
 _burst_rate = functools.lru_cache(maxsize=16)(burst_rate)
 
 
-def _burst_floor(counts: tuple[float, ...], bin_s: float, ttft_s: float, attainment: float,
-                 level_window_s: float) -> tuple[float, float]:
-    """(burst rate, sharpness) of the counts, replayed on the current level where ``level_window_s`` > 0."""
-    if level_window_s > 0:
-        counts = tuple(scaled_to_level(counts, bin_s, level_window_s).tolist())
+def _burst_floor(counts: tuple[float, ...], bin_s: float, ttft_s: float, attainment: float) -> tuple[float, float]:
+    """(burst rate, sharpness) of the counts."""
     burst = _burst_rate(counts, bin_s, ttft_s, attainment)
     return burst, sharpness(counts, bin_s, burst)
 
@@ -378,15 +375,6 @@ class EstimateSettings:
     # all but 1 - attainment of the requests. Off by default (`rayscale controller --burst-floor`); the
     # simulator turns it on (SimConfig.burst_floor, bench/results/burst_floor.md).
     burst_floor: bool = False
-    # > 0: the floor replays each block of this many seconds scaled down to the newest block's level where
-    # that has fallen (rayscale.core.burst.scaled_to_level); 0: the arrivals as they came. Ships 0: the Azure
-    # code trace's bursts do not scale with their level (bench/results/tune_burst_level.md).
-    burst_level_window_s: float = 0.0
-    # > 0: the floor holds only where it is sharper than this (burst rate over the last hour's busiest
-    # minute, rayscale.core.burst.sharpness): on load whose bursts last a minute or more the floor is the
-    # hour's highest level, a second, longer peak hold behind the forecaster's. Ships 0: without it a fast
-    # ramp's trend alone lagged, 96.99% on the dev fast ramp (bench/results/tune_floor_sharp.md).
-    burst_floor_min_sharpness: float = 0.0
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
     best_effort: bool = True
@@ -540,10 +528,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
             burst, sharp = _burst_floor(tuple(sig.arrival_counts), sig.arrival_bin_s,
                                         catalog.models[name].slo.ttft_p95_s,
-                                        1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment),
-                                        settings.burst_level_window_s)
-            if settings.burst_floor_min_sharpness > 0 and sharp <= settings.burst_floor_min_sharpness:
-                burst = 0.0  # sharpness is 0 under a minute of counts: only a gate that is on may drop it
+                                        1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
         backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"

@@ -40,12 +40,6 @@ class TrendSeasonal:
     two windows' difference. Poisson noise in that one difference, extrapolated ``horizon`` windows, orders
     twice the fleet for a steady load one cold start in twenty (6 req/s, 10-window horizon, 3 windows seen:
     p95 forecast 2.1x the rate, against 1.2x flat); a real ramp is then followed some windows later.
-
-    ``beta_max`` > ``beta``: the trend's gain is Trigg and Leach's tracking signal (smoothed one-step error
-    over smoothed absolute error, ``tracking`` the smoothing), clipped to [beta, beta_max]. Noise has errors
-    of both signs and keeps the signal near 0 (gain beta); an accelerating ramp leaves the forecast behind
-    window after window, every error positive, the signal near 1, and the trend catches up in a few windows
-    instead of 1/beta.
     """
 
     alpha: float = 0.5
@@ -54,8 +48,6 @@ class TrendSeasonal:
     season: int = 0  # windows per season; 0 disables the seasonal term
     horizon: int = 6
     flat_start: bool = False
-    beta_max: float = 0.0  # > beta: the trend's gain follows the tracking signal up to this (0: fixed beta)
-    tracking: float = 0.2  # smoothing of the one-step errors that make the tracking signal
 
     def __call__(self, history: Sequence[float], current: float) -> float:
         xs = list(history)
@@ -64,16 +56,11 @@ class TrendSeasonal:
         level, trend = xs[0], 0.0 if self.flat_start else xs[1] - xs[0]
         m = self.season if self.season and len(xs) >= 2 * self.season else 0
         seasonal = [x - sum(xs[:m]) / m for x in xs[:m]] if m else []
-        err = abs_err = 0.0
         for i, x in enumerate(xs[1:], start=1):
             s = seasonal[i % m] if m else 0.0
             prev_level = level
-            e = x - s - (level + trend)  # the one-step forecast's error
-            err = self.tracking * e + (1 - self.tracking) * err
-            abs_err = self.tracking * abs(e) + (1 - self.tracking) * abs_err
             level = self.alpha * (x - s) + (1 - self.alpha) * (level + trend)
-            gain = min(max(self.beta, abs(err) / abs_err if abs_err > 0 else 0.0), max(self.beta, self.beta_max))
-            trend = gain * (level - prev_level) + (1 - gain) * trend
+            trend = self.beta * (level - prev_level) + (1 - self.beta) * trend
             if m:
                 seasonal[i % m] = self.gamma * (x - level) + (1 - self.gamma) * s
         if not m:
@@ -143,13 +130,10 @@ class Seasonal:
     threshold: float = 0.4
     peak_window: int = 0
     flat_start: bool = False
-    beta_max: float = 0.0
-    tracking: float = 0.2
 
     def __call__(self, history: Sequence[float], current: float) -> float:
         m = _season_of(tuple(history), self.min_season, self.threshold)
-        f = TrendSeasonal(self.alpha, self.beta, self.gamma, m, self.horizon, self.flat_start, self.beta_max,
-                          self.tracking)(history, current)
+        f = TrendSeasonal(self.alpha, self.beta, self.gamma, m, self.horizon, self.flat_start)(history, current)
         if self.peak_window > 0:
             f = max(f, *history[-self.peak_window:]) if len(history) else f
         return f

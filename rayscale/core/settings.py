@@ -57,10 +57,6 @@ class Settings:
     # Where the trend of the trend forecasters starts: "difference" of the first two windows (Holt's
     # textbook start), or "flat", earned window by window (rayscale.core.forecast.TrendSeasonal).
     trend_start: str = "difference"
-    # > 0: the trend's gain rises with the tracking signal up to this, so an accelerating ramp is followed
-    # in a few windows; 0: Holt's fixed gain (rayscale.core.forecast.TrendSeasonal). Ships 0: it also
-    # extrapolates the first minutes of a burst (bench/results/tune_trend_gain.md).
-    trend_gain_max: float = 0.0
     # Arrivals per period are kept this long for the burst floor (rayscale.core.burst).
     burst_history_s: float = 3600.0
     estimate: EstimateSettings = field(default_factory=shipped_estimate)
@@ -82,14 +78,6 @@ class Settings:
             raise ValueError(f"Settings.forecaster must be one of {sorted(FORECASTERS)}, got {self.forecaster!r}")
         if self.trend_start not in TREND_STARTS:
             raise ValueError(f"Settings.trend_start must be one of {list(TREND_STARTS)}, got {self.trend_start!r}")
-        if not 0.0 <= self.trend_gain_max <= 1.0:
-            raise ValueError(f"Settings.trend_gain_max must be in [0, 1], got {self.trend_gain_max}")
-        if not self.estimate.burst_floor_min_sharpness >= 0:
-            raise ValueError(f"Settings.estimate.burst_floor_min_sharpness must be >= 0, got "
-                             f"{self.estimate.burst_floor_min_sharpness}")
-        if not self.estimate.burst_level_window_s >= 0:
-            raise ValueError(f"Settings.estimate.burst_level_window_s must be >= 0, got "
-                             f"{self.estimate.burst_level_window_s}")
         if self.history_len < 1:
             raise ValueError(f"Settings.history_len must be >= 1, got {self.history_len}")
         if self.forecast_horizon_s is not None and not self.forecast_horizon_s >= 0:

@@ -252,8 +252,7 @@ def _forecaster(cfg: Settings, horizon_s: float) -> Forecaster:
     fc = FORECASTERS[cfg.forecaster]
     window_s = cfg.history_window_s
     if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
-        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat",
-                     beta_max=cfg.trend_gain_max)
+        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat")
     if isinstance(fc, Seasonal) and fc.peak_window > 0:
         fc = replace(fc, peak_window=max(1, round(cfg.peak_hold_s / window_s)))
     return fc

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayscale.config import load_catalog
-from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, missed_share, scaled_to_level
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, missed_share
 from rayscale.core.catalog import Catalog, RequestMixSpec
 from rayscale.core.estimate import EstimateSettings, drain_rps, estimate, tpot_at
 from rayscale.core.plan import plan
@@ -199,61 +199,3 @@ def test_sharpness_tells_bursts_within_the_minute_from_a_level_that_moves() -> N
     sharp = sharpness(spiky, 5.0, burst_rate(spiky, 5.0, 2.0, 0.995))
     assert 0.8 < level < 1.2 and sharp > 2.0
     assert sharpness([], 5.0, 3.0) == 0.0 and sharpness(ramp, 5.0, 0.0) == 0.0
-
-
-def test_a_fallen_level_replays_its_bursts_on_the_level_now():
-    """Half an hour at 8 req/s, then 4 (5-s bins): replayed whole the floor holds the old level for the rest
-    of the hour; scaled to the newest 30 min it is about the level now. A level that rose is left alone."""
-    fell = [40.0] * 360 + [20.0] * 360
-    assert burst_rate(fell, 5.0, 2.0, 0.995) == pytest.approx(8.0, rel=5e-3)
-    scaled = scaled_to_level(fell, 5.0, 1800.0)
-    assert np.allclose(scaled, 20.0)
-    assert burst_rate(scaled, 5.0, 2.0, 0.995) == pytest.approx(4.0, rel=5e-3)
-    rose = [20.0] * 360 + [40.0] * 360
-    assert np.array_equal(scaled_to_level(rose, 5.0, 1800.0), rose)
-    # A burst in an old block shrinks with its block's level, its shape kept.
-    spiky = [20.0] * 300 + [100.0] * 6 + [20.0] * 54 + [10.0] * 360
-    s = scaled_to_level(spiky, 5.0, 1800.0)
-    assert s[300] / s[0] == pytest.approx(5.0) and s[0] < 10.0
-    assert np.array_equal(scaled_to_level(spiky[:300], 5.0, 1800.0), spiky[:300])  # one block: as it came
-    # Through estimate, as the shipped Settings knob sets it.
-    cat = load_catalog().subset(["mistral-7b"])
-    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
-                       arrival_counts=tuple(fell), arrival_bin_s=5.0)
-    whole, level = (estimate(cat, {"mistral-7b": sig}, settings=EstimateSettings(burst_floor=True, burst_level_window_s=w))
-                    ["mistral-7b"].burst_rps for w in (0.0, 1800.0))
-    assert whole == pytest.approx(8.0, rel=5e-3) and level == pytest.approx(4.0, rel=5e-3)
-
-
-def test_the_floor_can_hold_only_for_bursts_sharper_than_the_busiest_minute() -> None:
-    """With burst_floor_min_sharpness 1.5 a level that lasts minutes (sharpness about 1) is the forecaster's to
-    hold, not the floor's; 10-s spikes far above their minute keep it. Shipped: 0, the floor always holds."""
-    from rayscale.core.settings import Settings
-
-    cat = load_catalog().subset(["mistral-7b"])
-    assert Settings().estimate.burst_floor and Settings().estimate.burst_floor_min_sharpness == 0.0
-    shipped = EstimateSettings(burst_floor=True, burst_floor_min_sharpness=1.5)
-
-    def floor(counts: np.ndarray) -> tuple[float, float]:
-        sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
-                           arrival_counts=tuple(counts), arrival_bin_s=BIN)
-        d = estimate(cat, {"mistral-7b": sig}, settings=shipped)["mistral-7b"]
-        return d.burst_rps, d.burst_sharpness
-
-    level = np.concatenate([np.full(HOUR // 2, 8.0 * BIN), np.full(HOUR - HOUR // 2, 4.0 * BIN)])
-    rps, sharp = floor(level)
-    assert rps == 0.0 and 0 < sharp <= 1.5  # reported, not held
-    always = EstimateSettings(burst_floor=True)
-    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
-                       arrival_counts=tuple(level), arrival_bin_s=BIN)
-    assert estimate(cat, {"mistral-7b": sig}, settings=always)["mistral-7b"].burst_rps == pytest.approx(8.0, rel=5e-3)
-    spikes = np.full(HOUR, 4.0 * BIN)
-    spikes[100:102] = 100.0 * BIN
-    rps, sharp = floor(spikes)
-    assert sharp > 1.5 and rps == pytest.approx(burst_rate(spikes, BIN, 2.0, 1 - BURST_BUDGET_SHARE * 0.01))
-
-    # Under a minute of counts sharpness is 0: the shipped floor (gate off) still holds.
-    short = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 4.0, RequestMix(2048, 28, 7300),
-                         arrival_counts=tuple(spikes[98:104]), arrival_bin_s=BIN)
-    d = estimate(cat, {"mistral-7b": short}, settings=always)["mistral-7b"]
-    assert d.burst_sharpness == 0.0 and d.burst_rps > 4.0
