@@ -1,6 +1,6 @@
 """The product on traffic it was not tuned on, against baselines an operator would run and a lead-time bound.
 
-    .venv/bin/python -m bench.eval_split [--seeds 0,1,2,3,4] [--jobs 2] [--split both|dev|held-out]
+    .venv/bin/python -m bench.eval_split [--seeds 0,1,2,3,4] [--jobs 2] [--split both|dev|held-out|shapes]
                                          [--out bench/results/eval_split.md]
 
 Every policy runs in the same simulator, on the same cloud draws, start-up times and prefill-chunk rules:
@@ -29,6 +29,10 @@ feedback sizing a slow ramp at its full modelled capacity (bench/results/tune_fl
 generated fast ramp (2 to 16 req/s over an hour, 800-token prompts, 150-token answers) joined dev after the
 held-out fast day rejected a floor the dev split had chosen (bench/results/eval_split_floor_sharp.md): it was
 made, and first run, after the held-out fast day showed the trend's lag from cold, so it resembles that day.
+``shapes`` (not in ``both``; ``--split shapes --out bench/results/eval_shapes.md``) are plain generated loads a
+user would try first (constant rates from 0.2 to 30 req/s, needle bursts, long prompts, long answers): made
+and first run after the shipped settings were chosen, never tuned on; the tune's dev split does not include
+them.
 """
 
 from __future__ import annotations
@@ -66,6 +70,13 @@ CASES: list[tuple[str, str, str, float, float]] = [
     ("held-out", "spiky 2 h, long answers",
      "gen:bursty:base=1,burst=8,every_s=420,burst_s=60,hours=2,prompt=3000,output=300", 1.0, 1.0),
     ("held-out", "fast day 3 h", "gen:diurnal:base=2,peak=20,hours=3,period_h=1.5,prompt=600,output=200", 1.0, 1.0),
+    ("shapes", "steady 3 req/s 2 h", "gen:poisson:rate=3,hours=2", 1.0, 1.0),
+    ("shapes", "steady 30 req/s 1 h", "gen:poisson:rate=30,hours=1", 1.0, 1.0),
+    ("shapes", "trickle 0.2 req/s 2 h", "gen:poisson:rate=0.2,hours=2", 1.0, 1.0),
+    ("shapes", "needle bursts 2 h", "gen:bursty:base=3,burst=30,every_s=600,burst_s=20,hours=2", 1.0, 1.0),
+    ("shapes", "long prompts day 3 h",
+     "gen:diurnal:base=1,peak=6,hours=3,period_h=3,prompt=4000,output=500", 1.0, 1.0),
+    ("shapes", "long answers 2 h", "gen:poisson:rate=4,hours=2,prompt=500,output=1000", 1.0, 1.0),
 ]
 
 
@@ -162,11 +173,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--split", choices=["both", "dev", "held-out"], default="both")
+    ap.add_argument("--split", choices=["both", "dev", "held-out", "shapes"], default="both")
     ap.add_argument("--out", default="bench/results/eval_split.md")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
-    cases = [i for i, c in enumerate(CASES) if args.split in ("both", c[0])]
+    cases = [i for i, c in enumerate(CASES) if c[0] == args.split or (args.split == "both" and c[0] != "shapes")]
     jobs = [(c, s, st) for c in cases for s in seeds for st in (False, True)]
     print(f"{len(jobs)} runs of {len(POLICIES)} policies on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()

@@ -13,7 +13,8 @@ reported is one more replay of the configuration found (deterministic: it repeat
 - ``clairvoyant``: knows every future arrival, but not the cloud's draws. A per-minute integer plan on one
   flavor (per-replica capacity at the SLO *measured* on the simulated engine, rayscale.sim.capacity): minute m
   needs ceil(headroom x rate_m / capacity) replicas, on the flavor whose plan at headroom 1 costs least as
-  it packs (whole nodes each minute). Each replica is
+  it packs (whole nodes each minute), and also on the cheapest flavor per replica where one of its replicas
+  costs less (a plan at its floor pays per replica): the cheaper of the two that reaches the goal. Each replica is
   ordered through the normal cloud (provision delay, node boot, image pull and model load, capacity errors)
   one start-up lead time ahead of the minute it is needed (the 95th percentile of each start-up draw, and
   the control period in which the act step places replicas on a gang that came up),
@@ -43,7 +44,7 @@ from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import EstimateSettings, estimate
 from rayscale.core.forecast import FORECASTERS
 from rayscale.core.signals import Freshness, ModelSignals
-from rayscale.sim.capacity import MeasuredCapacity, cheapest_capacity
+from rayscale.sim.capacity import MeasuredCapacity, Probe, cheapest_capacity
 from rayscale.sim.fleet_act import Fleet, FleetActor, fleet_usd_per_h, gangs_usd_per_h, share_usd_per_h
 from rayscale.sim.policies import OraclePolicy, Policy, limit_replicas
 
@@ -299,7 +300,7 @@ class ClairvoyantPolicy(Policy):
         self.lead_zs, self.hold_s, self.steps = lead_z, hold_s, steps
         self.lead_z = lead_z[0]
         self.plan: PlanPolicy | None = None
-        self.trials: dict[tuple[float, float], Trial] = {}  # (headroom, lead z) -> replay
+        self.trials: dict[tuple[str, float, float], Trial] = {}  # (flavor, headroom, lead z) -> replay
         self.search_wall_s = 0.0
         self.capacity_rps = 0.0
         self.flavor = ""
@@ -321,13 +322,10 @@ class ClairvoyantPolicy(Policy):
         """(flavor, measured req/s per replica) whose per-minute plan at headroom 1 costs least, packed as the
         act step packs it (ceil(n / slots) gangs each minute): a flavor whose node holds eight replicas is
         cheap per replica only in the minutes its plan fills the node."""
-        rate = self._rates(sim)
         best: tuple[float, str, float] | None = None
         for f, c in sorted(self._capacities(sim).items()):
             if c.rps > 0:
-                needs, minutes = np.unique(self._replicas(sim, rate, c.rps), return_counts=True)
-                usd = sum(fleet_usd_per_h(sim.catalog, sim.model, split(sim.catalog, f, int(n))) * int(k)
-                          for n, k in zip(needs, minutes, strict=True)) / 60.0
+                usd = self._plan_usd(sim, f, c.rps)
                 if best is None or usd < best[0]:
                     best = (usd, f, c.rps)
         if best is None:  # no flavor meets the SLO even nearly idle: size by the estimator, say so in extra
@@ -335,6 +333,32 @@ class ClairvoyantPolicy(Policy):
             f = max(guess, key=lambda k: (guess[k], k))
             return f, max(guess[f], 1e-3)
         return best[1], best[2]
+
+    def _plan_usd(self, sim: Simulation, flavor: str, rps: float) -> float:
+        """$ of the per-minute plan at headroom 1 on ``flavor`` at ``rps`` a replica, packed as act packs it."""
+        needs, minutes = np.unique(self._replicas(sim, self._rates(sim), rps), return_counts=True)
+        return sum(fleet_usd_per_h(sim.catalog, sim.model, split(sim.catalog, flavor, int(n))) * int(k)
+                   for n, k in zip(needs, minutes, strict=True)) / 60.0
+
+    def _floor_flavor(self, sim: Simulation, chosen: tuple[str, float]) -> list[tuple[str, float]]:
+        """[(flavor, measured req/s)] of the cheapest replica that meets the SLO at all, where one costs less
+        than one of the ``chosen`` flavor and its plan at headroom 1 costs less too (else []). In the minutes
+        a plan sits at its floor (one replica for a trickle) it pays per replica, not per req/s: at 0.2 req/s
+        one inf2 ($0.76/h) serves where the flavor cheapest per request buys one L40S ($1.86/h), and without it
+        a fixed fleet would cost less than the bound. Both plans are then searched: the cheaper that reaches
+        the goal is the bound (a plan that sits near one small replica's capacity may need more headroom)."""
+        usd = {f: gangs_usd_per_h(sim.catalog, sim.model, f, OD, 1) for f in sim.flavors}
+        guess = guessed_capacity(sim)
+        for f in sorted(usd, key=lambda f: (usd[f], f)):
+            if usd[f] >= usd[chosen[0]]:
+                return []
+            if guess.get(f, 0.0) > 0:
+                m = Probe(sim.catalog.profile(sim.model, f), sim.spec.slo, sim.prompt, sim.output, sim.cfg.engine,
+                          sim.cfg.oracle_capacity, sim.cfg.seed).measure(guess[f])
+                if m.rps > 0:
+                    cheaper = self._plan_usd(sim, f, m.rps) < self._plan_usd(sim, *chosen)
+                    return [(f, m.rps)] if cheaper else []
+        return []
 
     @staticmethod
     def _capacities(sim: Simulation) -> dict[str, MeasuredCapacity]:
@@ -370,10 +394,10 @@ class ClairvoyantPolicy(Policy):
         return PlanPolicy(self.flavor, self._needs(sim, headroom), self.lead_s, self.hold_s)
 
     def _run(self, sim: Simulation, headroom: float) -> Trial:
-        h = (round(headroom, 4), self.lead_z)
+        h = (self.flavor, round(headroom, 4), self.lead_z)
         if h not in self.trials:
-            r = replay(sim, self._policy(sim, h[0]))
-            self.trials[h] = Trial(f"{self.flavor} x{h[0]:g} z{h[1]:g}", r.slo_attainment, r.cost_usd, 0.0)
+            r = replay(sim, self._policy(sim, h[1]))
+            self.trials[h] = Trial(f"{self.flavor} x{h[1]:g} z{h[2]:g}", r.slo_attainment, r.cost_usd, 0.0)
         return self.trials[h]
 
     def _search(self, sim: Simulation) -> float:
@@ -393,7 +417,8 @@ class ClairvoyantPolicy(Policy):
                 hi *= 1.25
                 lo = hi
                 if hi > 8.0:
-                    return max(self.trials.items(), key=lambda kv: (kv[1].attainment, -kv[1].cost_usd))[0][0]
+                    mine = [kv for kv in self.trials.items() if kv[0][0] == self.flavor]
+                    return max(mine, key=lambda kv: (kv[1].attainment, -kv[1].cost_usd))[0][1]
             hi *= 1.25
         for _ in range(self.steps):
             mid = (lo + hi) / 2
@@ -406,18 +431,22 @@ class ClairvoyantPolicy(Policy):
     def warm_start(self, sim: Simulation) -> None:
         t0 = time.perf_counter()
         self.goal = sim.cfg.oracle_capacity.attainment
-        self.flavor, self.capacity_rps = self._cheapest(sim)
-        self.lead_s = self.lead_time(sim, self.flavor)
-        headroom = self._search(sim)
-        for z in self.lead_zs[1:]:
-            self.lead_z = z
+        cheapest = self._cheapest(sim)
+        capacity = dict([cheapest, *self._floor_flavor(sim, cheapest)])
+        for self.flavor, self.capacity_rps in capacity.items():
+            self.lead_z = self.lead_zs[0]
             self.lead_s = self.lead_time(sim, self.flavor)
-            self._run(sim, headroom)
+            headroom = self._search(sim)
+            for z in self.lead_zs[1:]:
+                self.lead_z = z
+                self.lead_s = self.lead_time(sim, self.flavor)
+                self._run(sim, headroom)
         met = [k for k, t in self.trials.items() if t.meets(self.goal)]
         # Attainment is a step function of the headroom: the cheapest replay that met, else the best-attaining.
         key = (min(met, key=lambda k: (self.trials[k].cost_usd, k)) if met else
                max(self.trials, key=lambda k: (self.trials[k].attainment, -self.trials[k].cost_usd)))
-        self.headroom, self.lead_z = key
+        self.flavor, self.headroom, self.lead_z = key
+        self.capacity_rps = capacity[self.flavor]
         self.lead_s = self.lead_time(sim, self.flavor)
         self._best = self.trials[key]
         self.plan = self._policy(sim, self.headroom)

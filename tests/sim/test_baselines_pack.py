@@ -143,3 +143,14 @@ def test_clairvoyant_prices_its_plan_as_it_packs_so_a_few_replicas_do_not_buy_an
     _, r = _run(cat, STEADY, pol := ClairvoyantPolicy())
     assert pol.flavor == "l40s" and r.extra["reached_goal"]
     assert r.cost_usd < NODE_USD_H * r.sim_s / 3600  # less than one p5.48xlarge over the run
+
+
+def test_on_a_trickle_the_bound_takes_the_cheapest_replica_not_the_cheapest_per_request():
+    """At 0.2 req/s every minute needs one replica: per request an L40S is cheapest, but one inf2 costs less
+    than one L40S and meets the SLO at that rate. The bound must find it, or a fixed fleet beats the bound."""
+    cat = CAT.subset([MODEL], ["inf2", "l40s"])
+    trickle = load_spec("gen:poisson:rate=0.2,hours=0.5", seed=0)
+    _, r = _run(cat, trickle, pol := ClairvoyantPolicy())
+    _, fixed = _run(cat, trickle, StaticBestPolicy())
+    assert pol.flavor == "inf2" and r.extra["reached_goal"]
+    assert r.cost_usd <= fixed.cost_usd * 1.001
