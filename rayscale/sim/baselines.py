@@ -433,8 +433,8 @@ class ClairvoyantPolicy(Policy):
         self.goal = sim.cfg.oracle_capacity.attainment
         cheapest = self._cheapest(sim)
         capacity = dict([cheapest, *self._floor_flavor(sim, cheapest)])
-        for self.flavor, self.capacity_rps in capacity.items():
-            self.lead_z = self.lead_zs[0]
+        for flavor, rps in capacity.items():
+            self.flavor, self.capacity_rps, self.lead_z = flavor, rps, self.lead_zs[0]
             self.lead_s = self.lead_time(sim, self.flavor)
             headroom = self._search(sim)
             for z in self.lead_zs[1:]:
