@@ -29,10 +29,11 @@ feedback sizing a slow ramp at its full modelled capacity (bench/results/tune_fl
 generated fast ramp (2 to 16 req/s over an hour, 800-token prompts, 150-token answers) joined dev after the
 held-out fast day rejected a floor the dev split had chosen (bench/results/eval_split_floor_sharp.md): it was
 made, and first run, after the held-out fast day showed the trend's lag from cold, so it resembles that day.
+The generated long-prompt day (1 to 6 req/s over 90 min, 4,000-token prompts, 500-token answers) joined dev
+from ``shapes`` after it showed SLO feedback cancelling the forecast's lead on a rise (bench/results/tune_rise.md).
 ``shapes`` (not in ``both``; ``--split shapes --out bench/results/eval_shapes.md``) are plain generated loads a
-user would try first (constant rates from 0.2 to 30 req/s, needle bursts, long prompts, long answers): made
-and first run after the shipped settings were chosen, never tuned on; the tune's dev split does not include
-them.
+user would try first (constant rates from 0.2 to 30 req/s, needle bursts, long answers): made and first run
+after the shipped settings were chosen, never tuned on; the tune's dev split does not include them.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ CASES: list[tuple[str, str, str, float, float]] = [
     ("dev", "chat 1 h", "gen:diurnal:base=4,peak=8,hours=1,period_h=2,prompt=1000,output=250", 1.0, 1.0),
     ("dev", "chat ramp 2 h", "gen:diurnal:base=4,peak=8,hours=2,period_h=4,prompt=1000,output=250", 1.0, 1.0),
     ("dev", "fast ramp 2 h", "gen:diurnal:base=2,peak=16,hours=2,period_h=2,prompt=800,output=150", 1.0, 1.0),
+    ("dev", "long prompts day 3 h",
+     "gen:diurnal:base=1,peak=6,hours=3,period_h=3,prompt=4000,output=500", 1.0, 1.0),
     ("held-out", "Mooncake 1 h (long prompts)", str(TRACES / "mooncake_synthetic.jsonl"), 3.5, 1.0),
     ("held-out", "spiky 2 h, long answers",
      "gen:bursty:base=1,burst=8,every_s=420,burst_s=60,hours=2,prompt=3000,output=300", 1.0, 1.0),
@@ -74,8 +77,6 @@ CASES: list[tuple[str, str, str, float, float]] = [
     ("shapes", "steady 30 req/s 1 h", "gen:poisson:rate=30,hours=1", 1.0, 1.0),
     ("shapes", "trickle 0.2 req/s 2 h", "gen:poisson:rate=0.2,hours=2", 1.0, 1.0),
     ("shapes", "needle bursts 2 h", "gen:bursty:base=3,burst=30,every_s=600,burst_s=20,hours=2", 1.0, 1.0),
-    ("shapes", "long prompts day 3 h",
-     "gen:diurnal:base=1,peak=6,hours=3,period_h=3,prompt=4000,output=500", 1.0, 1.0),
     ("shapes", "long answers 2 h", "gen:poisson:rate=4,hours=2,prompt=500,output=1000", 1.0, 1.0),
 ]
 

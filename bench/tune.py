@@ -8,8 +8,8 @@ variant runs the product (``rayscale``, no request mix declared) on the dev traf
 state with the controller restarted 30 min before scoring (its state lost: rate history, corrections, SLO
 feedback's record), and from cold.
 
-Rule: among the variants whose mean SLO attainment on every dev trace is >= 99% (or, on a trace where the
-shipped settings miss 99%, no more than 0.1 pt below theirs), both in steady state and after the restart, and
+Rule: among the variants whose mean SLO attainment on every dev trace is >= 99% (or, on a trace where no
+variant reaches 99%, no more than 0.1 pt below the shipped settings'), both in steady state and after the restart, and
 whose from-cold mean is no more than one point below the shipped settings' on any dev trace, ship the one with
 the lowest steady-state cost summed over the dev traces (mean over seeds), if that is at least 1% below the
 shipped settings' (else the shipped ones stay). The held-out split then reports it (bench.eval_split). From
@@ -17,7 +17,9 @@ cold here means each variant starts from the fleet it orders for the first 30 s.
 when the shipped settings themselves missed 99% on the Azure code trace: without it the rule could not prefer
 a variant that meets the SLO as well and costs less. The restart clause was added when SLO feedback's record
 turned out to carry the warm-up's start-up misses into the scored hour: a factor relaxed over a calm half
-hour, as after a restart, met 96.6% on the Azure code trace where the steady state said 99%.)
+hour, as after a restart, met 96.6% on the Azure code trace where the steady state said 99%. The 0.1-pt
+clause applied where the shipped settings missed 99% until the long-prompt day joined dev: shipped settings
+that miss where a variant meets the SLO are no longer kept for being cheaper.)
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ def variants() -> dict[str, Settings]:
         "feedback relaxes the burst floor": replace(s, feedback=replace(fb, relax_burst_floor=True)),
         "feedback relaxes the burst floor to 0.7": replace(s, feedback=replace(fb, relax_burst_floor=True,
                                                                                  min_factor=0.7)),
+        "feedback applied on rises": replace(s, feedback=replace(fb, rise_above=None)),
+        "feedback not applied 0.1 over the level held": replace(s, feedback=replace(fb, rise_above=0.1)),
+        "feedback not applied 0.3 over the level held": replace(s, feedback=replace(fb, rise_above=0.3)),
         "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
         "hysteresis band 0.15": replace(s, planner=replace(pl, hysteresis_band=0.15)),
         "band 0.1 where bursts last a minute": replace(s, planner=replace(pl, smooth_hysteresis_band=0.1)),
@@ -104,11 +109,14 @@ def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str,
     """The rule of the module docstring; per variant, why it was not chosen."""
     def mean(v: str, c: int, start: str, key: str) -> float:
         return statistics.mean(r[key] for r in rows if (r["variant"], r["case"], r["start"]) == (v, c, start))
+    names = sorted({r["variant"] for r in rows})
+    bar = {(c, start): 0.99 if any(mean(v, c, start, "slo") >= 0.99 for v in names)
+           else min(0.99, mean(SHIPPED, c, start, "slo") - SLO_SLACK) for c in cases for start in ("steady", "restart")}
     why: dict[str, str] = {}
     ok = []
-    for v in sorted({r["variant"] for r in rows}):
+    for v in names:
         low = [f"{CASES[c][1]} ({start})" for c in cases for start in ("steady", "restart")
-               if mean(v, c, start, "slo") < min(0.99, mean(SHIPPED, c, start, "slo") - SLO_SLACK)]
+               if mean(v, c, start, "slo") < bar[(c, start)]]
         cold = [CASES[c][1] for c in cases if mean(v, c, "cold", "slo") < mean(SHIPPED, c, "cold", "slo") - 0.01]
         if low:
             why[v] = "SLO < 99% (and below shipped) on " + ", ".join(low)

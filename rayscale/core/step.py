@@ -153,7 +153,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
                    signals: Mapping[str, ModelSignals]) -> dict[str, Demand]:
     """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback); its burst floor
     too when the factor is above 1, or below it with ``relax_burst_floor`` and a record as old as the floor's
-    arrivals. Below 1, never below the arrivals of the last ``floor_window_s`` (``_sustained_rate``)."""
+    arrivals. Below 1, never below the arrivals of the last ``floor_window_s`` (``_sustained_rate``), and not
+    at all while the demand rises above the peak hold's level (``_rising``)."""
     out = dict(demands)
     for name, d in demands.items():
         rec = record.get(name)
@@ -163,6 +164,9 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             continue
         factor = rec.factor
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
+        if factor < 1.0 and (level := _rising(d, signals.get(name), cfg)) is not None:
+            out[name] = replace(d, reason=f"{why}, not applied: rising above the {level:.2f} req/s held")
+            continue
         covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
         burst = factor if factor > 1.0 or covers else 1.0
         rps = d.rps * factor
@@ -173,6 +177,18 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             why += f", not below the {arriving:.2f} req/s arriving"
         out[name] = replace(d, rps=rps, burst_rps=d.burst_rps * burst, reason=why)
     return out
+
+
+def _rising(d: Demand, sig: ModelSignals | None, cfg: Settings) -> float | None:
+    """The level a demand rises above by more than ``FeedbackSettings.rise_above`` (the highest arrival rate
+    of the last ``peak_hold_s``, or now), or None when it does not: a forecast's trend or season above every
+    rate the fleet has been sized for, or a backlog."""
+    rise = cfg.feedback.rise_above
+    if rise is None or sig is None or sig.arrival_rate_rps is None:
+        return None
+    held = sig.rate_history[-max(1, round(cfg.peak_hold_s / cfg.history_window_s)):]
+    level = max((sig.arrival_rate_rps, *held))
+    return level if d.rps > level * (1.0 + rise) else None
 
 
 def _sustained_rate(sig: ModelSignals | None, window_s: float, history_window_s: float,

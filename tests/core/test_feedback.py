@@ -95,13 +95,46 @@ def test_a_relaxed_factor_never_counts_demand_below_the_arrivals(
 ) -> None:
     """A relaxed factor trims what the demand adds to the load arriving now (the forecast's growth, a
     backlog), not the utilisation headroom that load needs (FeedbackSettings.floor_window_s); nor does it
-    raise a demand sized below the arrivals. Before the rate history holds a sample, the window's rate."""
+    raise a demand sized below the arrivals."""
     d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
     cfg = Settings(feedback=replace(FB, floor_window_s=300.0 if floor else 0.0))
+    # The demand is the peak held from 10 min ago (not a rise); the last five minutes arrived at ``arriving``.
+    sig = replace(_sig(300.0, 1.0, rate=arriving), rate_history=(10.0, *[arriving] * 5))
     got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, factor)}, cfg, 0.0,
-                         {"mistral-7b": _sig(300.0, 1.0, rate=arriving)})["mistral-7b"]
+                         {"mistral-7b": sig})["mistral-7b"]
     assert got.rps == pytest.approx(want)
     assert ("req/s arriving" in got.reason) == (floor and factor < 1.0 and arriving > 8.0)
+
+
+@pytest.mark.parametrize(("history", "rise_above", "want"), [
+    ((6.0, 7.0, 8.0), 0.2, 10.0), ((6.0, 7.0, 8.0), None, 8.0), ((6.0, 9.0, 8.0), 0.2, 8.0),
+    ((6.0, 9.0, 8.0), 0.1, 10.0), ((12.0, 9.0, 8.0), 0.2, 8.0)])
+def test_a_relaxed_factor_is_not_applied_while_demand_rises_above_the_level_held(
+    history: tuple[float, ...], rise_above: float | None, want: float
+) -> None:
+    """The misses a relaxed factor spends were saved at the levels the fleet served; on a rise (a forecast,
+    or a backlog, more than rise_above over every rate of the peak hold) the forecast's lead is what covers
+    a replica's start-up, and the factor would cancel it. A fall under a held peak is relaxed as before."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
+    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_above=rise_above))
+    sig = replace(_sig(300.0, 1.0, rate=history[-1]), rate_history=history)
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0,
+                         {"mistral-7b": sig})["mistral-7b"]
+    assert got.rps == pytest.approx(want)
+    assert ("not applied: rising above" in got.reason) == (want == 10.0)
+    tightened = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.95, 1.1)}, cfg, 0.0, {"mistral-7b": sig})
+    assert tightened["mistral-7b"].rps == pytest.approx(11.0)  # a tightened factor applies on a rise too
+
+
+def test_the_step_does_not_relax_a_rising_forecast() -> None:
+    """Under the shipped settings: the trend of a rising history sizes the fleet as if the factor were 1."""
+    sig = _sig(300.0, 1.0, rate=20.0)
+    history = {"mistral-7b": tuple(8.0 + i for i in range(12))}
+    plain = step(_ctx(0.0, (), StepState(rate_history=history), sig))
+    relaxed = step(_ctx(0.0, (), StepState(rate_history=history, delivered={"mistral-7b": _record(1.0, 0.8)}), sig))
+    assert plain.demands["mistral-7b"].rps > 1.2 * 20.0
+    assert relaxed.demands["mistral-7b"].rps == pytest.approx(plain.demands["mistral-7b"].rps)
+    assert sum(e.replicas for e in relaxed.plan.entries) == sum(e.replicas for e in plain.plan.entries)
 
 
 def test_the_floor_is_the_mean_of_the_rate_history_over_its_window() -> None:
