@@ -8,8 +8,9 @@ variant runs the product (``rayscale``, no request mix declared) on the dev traf
 state with the controller restarted 30 min before scoring (its state lost: rate history, corrections, SLO
 feedback's record), and from cold.
 
-Rule: among the variants whose mean SLO attainment on every dev trace is >= 99% (or, on a trace where no
-variant reaches 99%, no more than 0.1 pt below the shipped settings'), both in steady state and after the restart, and
+Rule: among the variants whose mean SLO attainment on every dev trace is >= 99% or no more than 0.1 pt below
+the shipped settings' (seed noise; but >= 99% where the shipped settings miss 99% and some variant meets it),
+both in steady state and after the restart, and
 whose from-cold mean is no more than one point below the shipped settings' on any dev trace, ship the one with
 the lowest steady-state cost summed over the dev traces (mean over seeds), if that is at least 1% below the
 shipped settings' (else the shipped ones stay). The held-out split then reports it (bench.eval_split). From
@@ -18,8 +19,8 @@ when the shipped settings themselves missed 99% on the Azure code trace: without
 a variant that meets the SLO as well and costs less. The restart clause was added when SLO feedback's record
 turned out to carry the warm-up's start-up misses into the scored hour: a factor relaxed over a calm half
 hour, as after a restart, met 96.6% on the Azure code trace where the steady state said 99%. The 0.1-pt
-clause applied where the shipped settings missed 99% until the long-prompt day joined dev: shipped settings
-that miss where a variant meets the SLO are no longer kept for being cheaper.)
+clause let shipped settings that miss 99% stay for being cheaper where a variant met it, until the long-prompt
+day joined dev; since then a variant must meet 99% there.)
 """
 
 from __future__ import annotations
@@ -110,13 +111,17 @@ def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str,
     def mean(v: str, c: int, start: str, key: str) -> float:
         return statistics.mean(r[key] for r in rows if (r["variant"], r["case"], r["start"]) == (v, c, start))
     names = sorted({r["variant"] for r in rows})
-    bar = {(c, start): 0.99 if any(mean(v, c, start, "slo") >= 0.99 for v in names)
-           else min(0.99, mean(SHIPPED, c, start, "slo") - SLO_SLACK) for c in cases for start in ("steady", "restart")}
+    def bar(c: int, start: str) -> float:
+        shipped = mean(SHIPPED, c, start, "slo")
+        if shipped < 0.99 and any(mean(v, c, start, "slo") >= 0.99 for v in names):
+            return 0.99
+        return min(0.99, shipped - SLO_SLACK)
+
     why: dict[str, str] = {}
     ok = []
     for v in names:
         low = [f"{CASES[c][1]} ({start})" for c in cases for start in ("steady", "restart")
-               if mean(v, c, start, "slo") < bar[(c, start)]]
+               if mean(v, c, start, "slo") < bar(c, start)]
         cold = [CASES[c][1] for c in cases if mean(v, c, "cold", "slo") < mean(SHIPPED, c, "cold", "slo") - 0.01]
         if low:
             why[v] = "SLO < 99% (and below shipped) on " + ", ".join(low)
