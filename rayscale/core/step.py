@@ -186,7 +186,7 @@ def _rising(d: Demand, sig: ModelSignals | None, cfg: Settings) -> float | None:
     rise = cfg.feedback.rise_above
     if rise is None or sig is None or sig.arrival_rate_rps is None:
         return None
-    held = sig.rate_history[-max(1, round(cfg.peak_hold_s / cfg.history_window_s)):]
+    held = sig.rate_history[-_peak_windows(cfg):]
     level = max((sig.arrival_rate_rps, *held))
     return level if d.rps > level * (1.0 + rise) else None
 
@@ -270,5 +270,10 @@ def _forecaster(cfg: Settings, horizon_s: float) -> Forecaster:
     if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
         fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat")
     if isinstance(fc, Seasonal) and fc.peak_window > 0:
-        fc = replace(fc, peak_window=max(1, round(cfg.peak_hold_s / window_s)))
+        fc = replace(fc, peak_window=_peak_windows(cfg))
     return fc
+
+
+def _peak_windows(cfg: Settings) -> int:
+    """The peak hold in rate-history windows (at least one)."""
+    return max(1, round(cfg.peak_hold_s / cfg.history_window_s))
