@@ -33,6 +33,10 @@ import numpy.typing as npt
 # the rest is for what the replica capacity model leaves to chance (Poisson queueing, TPOT tails, drain
 # slower than modelled). Spending all of it, the Azure code trace (x3) steady state met 98.6%, not 99%.
 BURST_BUDGET_SHARE = 0.5
+# Bursts no sharper than this (burst rate over the busiest minute, ``sharpness``) last a minute or more: the
+# load moving as a level (rayscale.core.estimate.EstimateSettings.level_floor_s). The planner's narrower
+# hysteresis band reads the same measure (PlannerSettings.sharp_bursts_above, shipped at this value).
+LEVEL_SHARPNESS = 1.5
 Counts = Sequence[float] | npt.NDArray[np.float64]  # arrivals per bin, oldest first
 _REL_TOL = 1e-4  # bisection stops when the drain rate is known to this share of itself
 
@@ -91,13 +95,17 @@ def burst_rate(counts: Counts, bin_s: float, ttft_s: float, attainment: float) -
 
 
 def sharpness(counts: Counts, bin_s: float, burst_rps: float, minute_s: float = 60.0) -> float:
-    """``burst_rps`` over the busiest whole minute of ``counts`` (arrivals per ``bin_s``-long bin, oldest
-    first, minutes counted back from the newest bin): about 1 where the bursts last a minute or more (the
-    load moves as a level), well above it where they come and go within the minute. 0 with no arrivals."""
+    """``burst_rps`` over the busiest minute of ``counts`` (arrivals per ``bin_s``-long bin, oldest first; any
+    run of whole bins a minute long, wherever it starts): about 1 where the bursts last a minute or more (the
+    load moves as a level), well above it where they come and go within the minute. 0 with no arrivals.
+
+    Minutes counted from a fixed clock would split a minute-long burst across two of them and read a level
+    that moves as a spike (a burst of 8 req/s for 60 s every 7 min read 1.6, where any run of 60 s reads
+    about 1)."""
     c = np.asarray(counts, dtype=float)
     k = max(1, round(minute_s / bin_s))
-    n = (c.size // k) * k
-    if n == 0 or burst_rps <= 0:
+    if c.size < k or burst_rps <= 0:
         return 0.0
-    busiest = float(c[c.size - n:].reshape(-1, k).sum(axis=1).max()) / (k * bin_s)
+    sums = np.concatenate([[0.0], np.cumsum(c)])
+    busiest = float((sums[k:] - sums[:-k]).max()) / (k * bin_s)
     return burst_rps / busiest if busiest > 0 else 0.0
