@@ -33,10 +33,6 @@ import numpy.typing as npt
 # the rest is for what the replica capacity model leaves to chance (Poisson queueing, TPOT tails, drain
 # slower than modelled). Spending all of it, the Azure code trace (x3) steady state met 98.6%, not 99%.
 BURST_BUDGET_SHARE = 0.5
-# Bursts no sharper than this (burst rate over the busiest minute, ``sharpness``) last a minute or more: the
-# load moving as a level (rayscale.core.estimate.EstimateSettings.level_floor_s). The planner's narrower
-# hysteresis band reads the same measure (PlannerSettings.sharp_bursts_above, shipped at this value).
-LEVEL_SHARPNESS = 1.5
 Counts = Sequence[float] | npt.NDArray[np.float64]  # arrivals per bin, oldest first
 _REL_TOL = 1e-4  # bisection stops when the drain rate is known to this share of itself
 

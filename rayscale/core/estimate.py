@@ -46,7 +46,7 @@ from rayscale.core.attainment import (
     subset,
     tpot_quantile,
 )
-from rayscale.core.burst import BURST_BUDGET_SHARE, LEVEL_SHARPNESS, burst_rate, sharpness
+from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, sharpness
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init
@@ -103,18 +103,10 @@ class ReplicaCapacity:
 _burst_rate = functools.lru_cache(maxsize=16)(burst_rate)
 
 
-def _burst_floor(counts: tuple[float, ...], bin_s: float, ttft_s: float, attainment: float,
-                 level_s: float | None = None) -> tuple[float, float]:
-    """(burst rate, sharpness) of the counts; of their last ``level_s`` only where the load moves as a level
-    (EstimateSettings.level_floor_s)."""
+def _burst_floor(counts: tuple[float, ...], bin_s: float, ttft_s: float, attainment: float) -> tuple[float, float]:
+    """(burst rate, sharpness) of the counts."""
     burst = _burst_rate(counts, bin_s, ttft_s, attainment)
-    sharp = sharpness(counts, bin_s, burst)
-    keep = round(level_s / bin_s) if level_s else 0
-    if 0 < sharp <= LEVEL_SHARPNESS and 0 < keep < len(counts):
-        counts = counts[-keep:]
-        burst = _burst_rate(counts, bin_s, ttft_s, attainment)
-        sharp = sharpness(counts, bin_s, burst)
-    return burst, sharp
+    return burst, sharpness(counts, bin_s, burst)
 
 
 def drain_rps(profile: Profile, mix: RequestMix, batch: float, tpot_s: float) -> float:
@@ -383,19 +375,9 @@ class EstimateSettings:
     # all but 1 - attainment of the requests. Off by default (`rayscale controller --burst-floor`); the
     # simulator turns it on (SimConfig.burst_floor, bench/results/burst_floor.md).
     burst_floor: bool = False
-    # Where the floor's bursts are the load moving as a level (their sharpness at most LEVEL_SHARPNESS: they
-    # last a minute or more), the floor replays only the last level_floor_s (None: the whole burst history).
-    # A level an hour old is no burst that returns within a start-up, and the peak hold
-    # (Settings.peak_hold_s) already holds the levels that do: replayed for the hour, the floor held a
-    # 90-min day's peak fleet through its troughs.
-    level_floor_s: float | None = None
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
     best_effort: bool = True
-
-    def __post_init__(self) -> None:
-        if self.level_floor_s is not None and not self.level_floor_s > 0:
-            raise ValueError(f"EstimateSettings.level_floor_s must be > 0 or null, got {self.level_floor_s}")
 
 
 def prior_mix(catalog: Catalog, model: str) -> RequestMix:
@@ -546,8 +528,7 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
         if settings.burst_floor and sig.arrival_counts and sig.arrival_bin_s > 0:
             burst, sharp = _burst_floor(tuple(sig.arrival_counts), sig.arrival_bin_s,
                                         catalog.models[name].slo.ttft_p95_s,
-                                        1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment),
-                                        settings.level_floor_s)
+                                        1.0 - BURST_BUDGET_SHARE * (1.0 - settings.attainment))
         backlog = sig.waiting / _drain_s(catalog, name, settings) if sig.waiting else 0.0
         rps = (rate + backlog) * (1.0 + settings.headroom)
         why = f"{sig.arrival_rate_rps:.2f} req/s observed"

@@ -68,12 +68,6 @@ class FeedbackSettings:
     # replica's start-up. Applied there, a generated long-prompt day (9-min L40S start) met 96% on two
     # seeds of five; 0.2 met it on all five at the same cost, 0.3 did not (bench/results/tune_rise.md).
     rise_above: float | None = 0.2
-    # Above 1 the factor rises only while the attainment of the last tighten_recent_s (smoothed over that
-    # long, weighted by requests) is below the goal too (None: whenever the record is). The record remembers
-    # misses for about time_constant_s; a backlog that one unforeseen burst built and the fleet has since
-    # drained would keep raising the factor long after every request meets the SLO again (integral windup):
-    # a generated spiky day's warm-up from cold tightened to the 1.1 bound and held it into the scored hours.
-    tighten_recent_s: float | None = None
 
     def __post_init__(self) -> None:
         checks = {"time_constant_s": self.time_constant_s > 0, "relax_above": 0 <= self.relax_above < 1,
@@ -81,8 +75,7 @@ class FeedbackSettings:
                   "tighten_per_h": self.tighten_per_h >= 0, "max_factor": self.max_factor >= 1,
                   "min_requests": self.min_requests >= 0, "relax_after_s": self.relax_after_s >= 0,
                   "floor_window_s": self.floor_window_s >= 0,
-                  "rise_above": self.rise_above is None or self.rise_above >= 0,
-                  "tighten_recent_s": self.tighten_recent_s is None or self.tighten_recent_s > 0}
+                  "rise_above": self.rise_above is None or self.rise_above >= 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"FeedbackSettings.{name} is out of range, got {getattr(self, name)}")
@@ -92,9 +85,7 @@ class FeedbackSettings:
 class Delivered:
     """One model's finished and SLO-meeting requests per second, smoothed; ``requests``: how many finished
     requests the record has seen in all (capped: it gates the factor, nothing else); ``factor``: what its
-    demand is multiplied by; ``since_s``: when the record started (None: at ``at_s``); ``recent_finished_rps``
-    and ``recent_met_rps``: the same rates smoothed over ``FeedbackSettings.tighten_recent_s`` (what gates a
-    rise of the factor)."""
+    demand is multiplied by; ``since_s``: when the record started (None: at ``at_s``)."""
 
     finished_rps: float
     met_rps: float
@@ -102,8 +93,6 @@ class Delivered:
     at_s: float
     factor: float = 1.0
     since_s: float | None = None
-    recent_finished_rps: float = 0.0
-    recent_met_rps: float = 0.0
 
     def age_s(self, now: float) -> float:
         return now - (self.at_s if self.since_s is None else self.since_s)
@@ -111,10 +100,6 @@ class Delivered:
     @property
     def attainment(self) -> float | None:
         return self.met_rps / self.finished_rps if self.finished_rps > 0 else None
-
-    @property
-    def recent_attainment(self) -> float | None:
-        return self.recent_met_rps / self.recent_finished_rps if self.recent_finished_rps > 0 else None
 
 
 def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, now: float, goal: float,
@@ -127,17 +112,13 @@ def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, no
     finished = sig.finished / window_s
     met = finished * min(max(sig.slo_met, 0.0), 1.0)
     if previous is None:
-        return Delivered(finished, met, sig.finished, now, since_s=now, recent_finished_rps=finished,
-                         recent_met_rps=met)
+        return Delivered(finished, met, sig.finished, now, since_s=now)
     dt = max(now - previous.at_s, 0.0)
     a = 1.0 - math.exp(-dt / settings.time_constant_s)
-    b = 1.0 - math.exp(-dt / (settings.tighten_recent_s or settings.time_constant_s))
     rec = Delivered(previous.finished_rps + a * (finished - previous.finished_rps),
                     previous.met_rps + a * (met - previous.met_rps),
                     min(previous.requests + finished * dt, 1e12), now, previous.factor,
-                    previous.at_s if previous.since_s is None else previous.since_s,
-                    previous.recent_finished_rps + b * (finished - previous.recent_finished_rps),
-                    previous.recent_met_rps + b * (met - previous.recent_met_rps))
+                    previous.at_s if previous.since_s is None else previous.since_s)
     # Only observed time moves the factor: a model idle overnight (no request finished) has not earned a
     # night's worth of relaxing by its first morning window.
     return replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings))
@@ -158,9 +139,6 @@ def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSet
             return record.factor
         return max(record.factor - settings.relax_per_h * hours, settings.min_factor)
     if slack < 0:
-        recent = record.recent_attainment
-        if settings.tighten_recent_s is not None and recent is not None and recent >= goal:
-            return record.factor
         return min(record.factor + settings.tighten_per_h * min(-slack, 1.0) * hours, settings.max_factor)
     return record.factor
 

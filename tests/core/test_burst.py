@@ -212,24 +212,3 @@ def test_sharpness_reads_a_minute_long_burst_as_a_level_wherever_it_starts() -> 
     got = sharpness(counts, 5.0, burst_rate(counts, 5.0, 2.0, 0.995))
     assert 0.9 < got < 1.2
 
-
-def test_a_level_floor_forgets_a_level_older_than_its_window_but_not_bursts_within_the_minute() -> None:
-    cat = load_catalog().subset(["mistral-7b"])
-    mix = RequestMix(800, 150, 2000)
-    rng = np.random.default_rng(1)
-    # A day's peak of 20 req/s 50 min ago, 3 req/s for the last 40 min: the load moved as a level.
-    level = rng.poisson(np.where(np.arange(HOUR) < HOUR // 3, 20.0, 3.0) * BIN).astype(float)
-    # 3 req/s with a 10-s spike of 60 req/s every 5 min: bursts within the minute, however old.
-    spikes = rng.poisson(np.full(HOUR, 3.0 * BIN)).astype(float)
-    spikes[::60] += rng.poisson(60.0 * BIN, HOUR // 60)
-    whole, recent = EstimateSettings(burst_floor=True), EstimateSettings(burst_floor=True, level_floor_s=1800.0)
-
-    def floor(counts: np.ndarray, settings: EstimateSettings) -> float:
-        sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 3.0, mix, arrival_counts=tuple(counts),
-                           arrival_bin_s=BIN)
-        return estimate(cat, {"mistral-7b": sig}, settings=settings)["mistral-7b"].burst_rps
-
-    assert floor(level, whole) > 15.0 and floor(level, recent) < 6.0
-    assert floor(spikes, recent) == floor(spikes, whole) > 10.0
-    with pytest.raises(ValueError, match="level_floor_s"):
-        EstimateSettings(level_floor_s=0.0)
