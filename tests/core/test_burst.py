@@ -211,4 +211,3 @@ def test_sharpness_reads_a_minute_long_burst_as_a_level_wherever_it_starts() -> 
         counts[start:start + 12] = 40.0
     got = sharpness(counts, 5.0, burst_rate(counts, 5.0, 2.0, 0.995))
     assert 0.9 < got < 1.2
-
