@@ -30,7 +30,8 @@ class _Units:
 
     need: np.ndarray  # need index per unit
     flavor: list[str]
-    rps: np.ndarray  # per replica
+    rps: np.ndarray  # per replica added (_added_rps)
+    kept_rps: np.ndarray  # what the replicas the lower bounds keep serve, each at its capacity type's rate
     devices: np.ndarray  # a replica's share of its gang's devices and nodes
     nodes: np.ndarray
     usd_od: np.ndarray  # $/h per replica, on-demand (0 where the unit has none; then ub_o = 0)
@@ -106,21 +107,37 @@ def _units(p: Problem) -> _Units:
     floats = lambda v: np.asarray(v, dtype=float)  # noqa: E731
     usd_a, lb_a, ub_a = floats(usd), floats(lb), floats(ub)
     cols = {}
+    rps_a = floats(rps)
     for name, mask in (("o", ~is_spot), ("s", is_spot)):
-        c, lo, hi = np.zeros(nu), np.zeros(nu), np.zeros(nu)
+        c, lo, hi, r = np.zeros(nu), np.zeros(nu), np.zeros(nu), np.zeros(nu)
         j_of = np.full(nu, -1, dtype=np.int64)
         idx = np.nonzero(mask)[0]
         c[unit_arr[idx]], lo[unit_arr[idx]], hi[unit_arr[idx]] = usd_a[idx], lb_a[idx], ub_a[idx]
+        r[unit_arr[idx]] = rps_a[idx]
         j_of[unit_arr[idx]] = idx
-        cols[name] = (c, lo, hi, j_of.tolist())
+        cols[name] = (c, lo, hi, j_of.tolist(), r)
+    added_rps, ub_spot = _added_rps(cols["o"][4], cols["s"][4], cols["o"][1], cols["o"][2], cols["s"][1], cols["s"][2])
+    kept_rps = cols["o"][1] * cols["o"][4] + cols["s"][1] * cols["s"][4]
     uflavor = [flavor[j] for j in first.tolist()]
     share = floats([p.spot_share.get(fl, 1.0) for fl in uflavor])  # no entry: the exact solver adds no share row
     # Limits count a replica's share of its gang here (exact for full gangs; the MILP counts whole gangs).
     per = floats(slots)[first]
     return _Units(np.array([need_idx[model[j]] for j in first.tolist()], dtype=np.int64), uflavor,
-                  floats(rps)[first], floats(dev)[first] / per, floats(nodes)[first] / per, cols["o"][0], cols["s"][0],
-                  share,
-                  cols["o"][1], cols["o"][2], cols["s"][1], cols["s"][2], cols["o"][3], cols["s"][3], per)
+                  added_rps, kept_rps, floats(dev)[first] / per, floats(nodes)[first] / per, cols["o"][0],
+                  cols["s"][0], share,
+                  cols["o"][1], cols["o"][2], cols["s"][1], ub_spot, cols["o"][3], cols["s"][3], per)
+
+
+def _added_rps(rps_o: np.ndarray, rps_s: np.ndarray, lb_o: np.ndarray, ub_o: np.ndarray, lb_s: np.ndarray,
+               ub_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(req/s a replica added to each unit counts for, the spot upper bounds). A spot replica may count for
+    less than an on-demand one (the interruptions seen, rayscale.core.plan): one that counts for nothing is
+    never added, and where both may be added each counts at the lower rate, which the spot/on-demand split
+    chosen later cannot then undercut."""
+    ub_s = np.where(rps_s > 0, ub_s, np.minimum(ub_s, lb_s))
+    can_o, can_s = ub_o > lb_o, ub_s > lb_s
+    both = np.minimum(np.where(rps_o > 0, rps_o, rps_s), np.where(rps_s > 0, rps_s, rps_o))
+    return np.where(can_o & can_s, both, np.where(can_s, rps_s, np.where(can_o, rps_o, np.maximum(rps_o, rps_s)))), ub_s
 
 
 
@@ -305,7 +322,7 @@ def _start(p: Problem) -> _Greedy:
     units = _units(p)
     kept = units.kept
     rest = np.array([n.rps for n in needs], dtype=float) - RPS_TOLERANCE - np.bincount(
-        units.need, weights=kept * units.rps, minlength=nm)
+        units.need, weights=units.kept_rps, minlength=nm)
     kept_per_model = np.bincount(units.need, weights=kept, minlength=nm)
     budget = np.array([n.max_replicas for n in needs], dtype=float) - kept_per_model
     # Shared limits, with what runs now reserved first.

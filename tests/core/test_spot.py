@@ -13,7 +13,7 @@ from rayscale.config import load_catalog
 from rayscale.core.act import Gang, GangPhase
 from rayscale.core.estimate import estimate
 from rayscale.core.forecast import last_value
-from rayscale.core.plan import plan
+from rayscale.core.plan import SolverChoice, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.spot import SpotRecord, SpotSettings, availability, observe, rates
@@ -74,6 +74,19 @@ def test_the_planner_holds_more_replicas_where_spot_is_interrupted_and_says_why(
     assert "spot l40s counted at" in next(e.reason for e in stormy.entries if e.capacity_type == "spot")
 
 
+@pytest.mark.parametrize("solver", ["greedy", "exact"])
+def test_both_solvers_cover_the_need_with_spot_counted_at_its_discount(solver: str) -> None:
+    """The shipped greedy solver pairs a flavor's on-demand and spot offerings in one unit: a spot replica
+    must count there at its discounted capacity too, not at the on-demand one's (counted at that, 11 + 11
+    replicas "covered" 156 req/s, served 150, and the shortfall blamed NodePool limits that were not hit)."""
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    settings = replace(Settings().planner, solver=SolverChoice(solver))
+    p, _ = plan(cat, _demand(cat, 156.0), settings=settings, spot_rates={"l40s": 0.6})
+    spot = [e for e in p.entries if e.capacity_type == "spot" and e.replicas]
+    assert spot and all(e.replica_rps < 0.95 * p.entries[0].replica_rps for e in spot)
+    assert sum(e.replicas * e.replica_rps for e in p.entries) >= 156.0 - 0.01 and not p.shortfalls
+
+
 def test_a_small_fleet_orders_no_spot_whose_interruptions_would_cost_the_slo_unless_nothing_else_serves() -> None:
     """Two replicas, one on spot: an interruption halves the fleet for a whole start-up. The average discount
     (counted at 93%) does not see that; the outage budget does. A large fleet at the same rate keeps its spot,
@@ -88,7 +101,8 @@ def test_a_small_fleet_orders_no_spot_whose_interruptions_would_cost_the_slo_unl
     assert spot(small) > 0
     careful, _ = plan(cat, _demand(cat, 12.0), settings=Settings().planner, spot_rates=rates)
     assert spot(careful) == 0 and careful.entries[0].replicas >= 1
-    assert "no new spot l40s: one interrupted gang would put" in careful.entries[0].reason
+    assert "no new spot l40s, and the running ones count for nothing: one interrupted gang would put" in \
+        careful.entries[0].reason
     large, _ = plan(cat, _demand(cat, 400.0), settings=Settings().planner, spot_rates=rates)
     assert spot(large) > 0
     # (a flavor that may run all of a model's replicas on spot: the shipped ones cap spot at half)
@@ -98,6 +112,29 @@ def test_a_small_fleet_orders_no_spot_whose_interruptions_would_cost_the_slo_unl
     assert spot(no_od) > 0
     with pytest.raises(ValueError, match=r"PlannerSettings\.spot_outage_budget must be >= 0"):
         replace(Settings().planner, spot_outage_budget=-1.0)
+
+
+def test_a_kept_spot_gang_over_the_outage_budget_counts_for_nothing_and_on_demand_is_ordered_beside_it() -> None:
+    """A spot gang ordered before its flavor's rate was learned: once one interruption of it would put more
+    requests at risk than the budget, the plan keeps it (it serves until it goes) but counts it for nothing,
+    so on-demand capacity comes up beside it rather than a start-up after it is lost. Below the budget (a
+    large fleet, or no interruption seen) it counts at its availability and nothing is added."""
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    running = {("mistral-7b", "l40s", "on-demand"): 1, ("mistral-7b", "l40s", "spot"): 1}
+
+    def replicas(p: object, ct: str) -> tuple[int, int]:
+        e = next(e for e in p.entries if e.capacity_type == ct)  # type: ignore[attr-defined]
+        return e.current, e.replicas
+
+    calm, _ = plan(cat, _demand(cat, 12.0), running, settings=Settings().planner)
+    assert replicas(calm, "on-demand") == (1, 1) and replicas(calm, "spot") == (1, 1)
+    risky, _ = plan(cat, _demand(cat, 12.0), running, settings=Settings().planner, spot_rates={"l40s": 0.44})
+    assert replicas(risky, "spot") == (1, 1)  # kept: nothing is taken away before its stand-in serves
+    assert replicas(risky, "on-demand") == (1, 2)
+    assert "the running ones count for nothing" in risky.entries[0].reason
+    # The budget allows it at a low rate (one gang carries half the need: 0.01 x 1 node x the lead time).
+    mild, _ = plan(cat, _demand(cat, 12.0), running, settings=Settings().planner, spot_rates={"l40s": 0.01})
+    assert replicas(mild, "on-demand") == (1, 1) and replicas(mild, "spot") == (1, 1)
 
 
 def test_the_step_learns_an_interruption_from_the_gangs_it_sees_and_keeps_it_in_its_state() -> None:
@@ -111,7 +148,8 @@ def test_the_step_learns_an_interruption_from_the_gangs_it_sees_and_keeps_it_in_
     second = step(ctx(600.0, (_gang("a", GangPhase.FAILED), _gang("b", GangPhase.READY, "on-demand")), first.state))
     assert second.state.spot.pools["l40s"].interruptions == 1.0
     assert second.state.spot.pools["l40s"].node_h == pytest.approx(600 / 3600)
-    assert any("spot l40s counted at" in e.reason for e in second.plan.entries)
+    # At that rate one spot gang would carry this small fleet's whole need: over the outage budget.
+    assert any("no new spot l40s" in e.reason for e in second.plan.entries)
 
 
 def test_simulate_takes_the_spot_interruption_rate_and_the_plan_learns_it(capsys: pytest.CaptureFixture[str]) -> None:
