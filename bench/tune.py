@@ -79,8 +79,6 @@ def variants() -> dict[str, Settings]:
         "feedback relaxes the burst floor to 0.7": replace(s, feedback=replace(fb, relax_burst_floor=True,
                                                                                  min_factor=0.7)),
         "feedback applied on rises": replace(s, feedback=replace(fb, rise_above=None)),
-        "scale-down keeps the 10-min rise": replace(s, rise_window_s=600.0),
-        "scale-down keeps the 20-min rise": replace(s, rise_window_s=1200.0),
         "feedback not applied 0.1 over the level held": replace(s, feedback=replace(fb, rise_above=0.1)),
         "feedback not applied 0.3 over the level held": replace(s, feedback=replace(fb, rise_above=0.3)),
         "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
