@@ -428,7 +428,11 @@ class Cluster:
             self._forget(r, now)
         g.state = GangState.STOPPED
         self._stopped.append(g.id)
-        if g.name is not None:
+        # A named gang the cloud gave up on stays, FAILED, until the controller deletes it, as a Karpenter
+        # NodeClaim it deleted stays (deletionTimestamp) while it drains and terminates: the step learns spot
+        # interruptions from those (rayscale.core.spot). Gone at once, a spot gang whose replica drained in
+        # a second vanished between two periods, and the step saw none of them.
+        if g.name is not None and (g.deleted or not g.failed):
             self.by_name.pop(g.name, None)
         if g.id in self._batch:
             self._batch.remove(g.id)

@@ -189,3 +189,27 @@ def test_a_pool_reclaim_notices_every_spot_node_of_the_largest_pool_at_once_and_
     run_until(cl, 4000.0, t=t)
     assert len(cl.replacement_lags_s) == len(in_pool)
     assert all(lag > 0 for lag in cl.replacement_lags_s)
+
+
+def test_a_noticed_spot_gang_is_reported_failed_until_the_controller_deletes_it():
+    """As a NodeClaim Karpenter deleted stays while it drains and terminates: a spot gang whose replica drained
+    within a second of its notice must not vanish between two control periods, or the step never learns the
+    interruption (rayscale.core.spot reads READY -> FAILED)."""
+    from rayscale.core.act import GangPhase
+    from rayscale.sim.cloud import Reclaim
+    from rayscale.sim.provider import SimProvider
+
+    cloud = CloudConfig(capacity_error_rate=0.0, spot_capacity_error_rate=0.0, spot_interruptions_per_node_h=0.0,
+                        reclaims=(Reclaim(at_s=2000.0, flavor="a10g"),))
+    cl, _ = cluster(cloud=cloud)
+    prov = SimProvider(cl, "mistral-7b")
+    cl.create_named("mistral-7b-a10g-spot-0", "a10g", "spot", "us-east-1a", 0.0)
+    cl.set_serve_target("a10g", 1, 0.0)
+    t = run_until(cl, 1999.0)
+    (g,) = prov.gangs(t)
+    assert g.phase == GangPhase.READY and g.serving == 1
+    t = run_until(cl, 2300.0, t=t)  # past the notice, the idle replica's drain and the node's reclaim
+    (g,) = prov.gangs(t)
+    assert g.phase == GangPhase.FAILED and "spot interruption notice" in g.reason and g.serving == 0
+    prov.delete_gang(g.name)
+    assert prov.gangs(t) == []
