@@ -428,10 +428,12 @@ class Cluster:
             self._forget(r, now)
         g.state = GangState.STOPPED
         self._stopped.append(g.id)
-        # A named gang the cloud gave up on stays, FAILED, until the controller deletes it, as a Karpenter
-        # NodeClaim it deleted stays (deletionTimestamp) while it drains and terminates: the step learns spot
-        # interruptions from those (rayscale.core.spot). Gone at once, a spot gang whose replica drained in
-        # a second vanished between two periods, and the step saw none of them.
+        # A named gang the cloud gave up on stays, FAILED, until the controller deletes it, as a NodeClaim
+        # Karpenter deleted stays (deletionTimestamp, the karpenter.sh/termination finalizer) while its node
+        # drains and its instance terminates (kubernetes-sigs/karpenter pkg/controllers/node/termination/
+        # controller.go; a spot notice deletes the claim: aws/karpenter-provider-aws
+        # pkg/controllers/interruption/). The step learns spot interruptions from those (rayscale.core.spot);
+        # gone at once, a spot gang whose replica drained in a second vanished between two periods unseen.
         if g.name is not None and (g.deleted or not g.failed):
             self.by_name.pop(g.name, None)
         if g.id in self._batch:
