@@ -13,14 +13,20 @@ the shipped settings' (seed noise; but >= 99% where the shipped settings miss 99
 both in steady state and after the restart, and
 whose from-cold mean is no more than one point below the shipped settings' on any dev trace, ship the one with
 the lowest steady-state cost summed over the dev traces (mean over seeds), if that is at least 1% below the
-shipped settings' (else the shipped ones stay). The held-out split then reports it (bench.eval_split). From
+shipped settings' (else the shipped ones stay). Where none is that much cheaper, a variant that costs at most
+1% more in steady state and raises the from-cold mean by at least half a point on a dev trace where the shipped
+settings miss 99% from cold, while no from-cold mean falls more than 0.1 pt below the shipped settings', ships
+(the largest such rise; the issue's from-cold goal is to come within a point of the clairvoyant plan). The
+held-out split then reports it (bench.eval_split). From
 cold here means each variant starts from the fleet it orders for the first 30 s. (The 0.1-pt clause was added
 when the shipped settings themselves missed 99% on the Azure code trace: without it the rule could not prefer
 a variant that meets the SLO as well and costs less. The restart clause was added when SLO feedback's record
 turned out to carry the warm-up's start-up misses into the scored hour: a factor relaxed over a calm half
 hour, as after a restart, met 96.6% on the Azure code trace where the steady state said 99%. The 0.1-pt
 clause let shipped settings that miss 99% stay for being cheaper where a variant met it, until the long-prompt
-day joined dev; since then a variant must meet 99% there.)
+day joined dev; since then a variant must meet 99% there. The from-cold clause was added after the 10-min
+rise variant of tune_rise_down.md met 98.48% from cold on the fast ramp, where the shipped settings met 97.71%
+and the clairvoyant plan 99.26%, at 0.1% more: the rule had no way to prefer a from-cold gain at equal cost.)
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from rayscale.tables import format_table
 SHIPPED = "shipped"
 TIE = 0.01  # a variant must be this much cheaper than the shipped settings to replace them
 SLO_SLACK = 0.001  # where the shipped settings miss 99%, a variant may be this much below them (seed noise)
+COLD_GAIN = 0.005  # a from-cold rise this large, where the shipped settings miss 99% from cold, is worth up to TIE
 
 
 def variants() -> dict[str, Settings]:
@@ -79,6 +86,9 @@ def variants() -> dict[str, Settings]:
         "feedback relaxes the burst floor to 0.7": replace(s, feedback=replace(fb, relax_burst_floor=True,
                                                                                  min_factor=0.7)),
         "feedback applied on rises": replace(s, feedback=replace(fb, rise_above=None)),
+        "scale-down keeps no rise": replace(s, rise_window_s=0.0),
+        "scale-down keeps the 10-min rise": replace(s, rise_window_s=600.0),  # shipped since tune_rise_down.md
+        "scale-down keeps the 20-min rise": replace(s, rise_window_s=1200.0),
         "feedback not applied 0.1 over the level held": replace(s, feedback=replace(fb, rise_above=0.1)),
         "feedback not applied 0.3 over the level held": replace(s, feedback=replace(fb, rise_above=0.3)),
         "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
@@ -132,11 +142,26 @@ def choose(rows: list[dict[str, Any]], cases: list[int]) -> tuple[str, dict[str,
     shipped = next((cost for cost, v in ok if v == SHIPPED), None)
     best = min(ok)[1] if ok else SHIPPED
     if shipped is not None and min(ok)[0] > (1 - TIE) * shipped:
-        best = SHIPPED  # no variant is clearly cheaper: keep what ships
+        gains = [(_cold_gain(mean, v, cases), v) for cost, v in ok if v != SHIPPED and cost <= (1 + TIE) * shipped]
+        gain, v = max(gains, default=(0.0, SHIPPED))
+        best = v if gain >= COLD_GAIN else SHIPPED  # no variant is clearly cheaper nor clearly better from cold
+        if best != SHIPPED:
+            why[best] = f"chosen: from cold +{100 * gain:.2f} pt where shipped misses 99%"
     for cost, v in ok:
+        if v == best and v in why:
+            continue
         why[v] = "chosen" if v == best else (f"steady ${cost:.2f}, not {TIE:.0%} below shipped" if shipped is not None
-                                             and cost > (1 - TIE) * shipped else f"steady ${cost:.2f}")
+                                             and v != SHIPPED and cost > (1 - TIE) * shipped else f"steady ${cost:.2f}")
     return best, why
+
+
+def _cold_gain(mean: Any, v: str, cases: list[int]) -> float:
+    """The largest from-cold rise of ``v`` over the shipped settings on a dev trace where they miss 99% from
+    cold; 0 where ``v`` falls more than SLO_SLACK below them from cold anywhere."""
+    diff = {c: mean(v, c, "cold", "slo") - mean(SHIPPED, c, "cold", "slo") for c in cases}
+    if min(diff.values()) < -SLO_SLACK:
+        return 0.0
+    return max((d for c, d in diff.items() if mean(SHIPPED, c, "cold", "slo") < 0.99), default=0.0)
 
 
 def table(rows: list[dict[str, Any]], cases: list[int], why: dict[str, str]) -> str:
@@ -186,7 +211,7 @@ def main() -> int:
     how = (f"rule applied to the rows printed in {args.from_log}" if args.from_log
            else f"{time.perf_counter() - t0:.0f} s on {args.jobs} processes")
     best, why = choose(rows, cases)
-    verdict = "" if why.get(best) == "chosen" else (
+    verdict = "" if why.get(best, "").startswith("chosen") else (
         " No variant meets the rule on every dev trace, the shipped settings included (" + why.get(best, "") +
         "): they stay, and the shortfall is reported as such.")
     command = " ".join(["python -m bench.tune", *(shlex.quote(a) for a in sys.argv[1:])])

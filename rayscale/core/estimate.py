@@ -359,6 +359,9 @@ class Demand:
     # burst_rps over the last hour's busiest minute (rayscale.core.burst.sharpness; 0: no floor): near 1
     # the bursts are the level moving, well above it they come and go within the minute.
     burst_sharpness: float = 0.0
+    # Req/s a scale-down keeps capacity for: where the arrival rate's recent line reaches one start-up
+    # ahead (Settings.rise_window_s; 0: none). Not demand: nothing is ordered for it.
+    rise_rps: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,18 @@ class TrendSeasonal:
         return max(current, f)
 
 
+def line_ahead(history: Sequence[float], ahead: float) -> float:
+    """Where the least-squares line through ``history`` (one rate per window, oldest first) is ``ahead``
+    windows after its last point; 0 with fewer than three points."""
+    n = len(history)
+    if n < 3:
+        return 0.0
+    t_mean = (n - 1) / 2.0
+    x_mean = sum(history) / n
+    slope = sum((t - t_mean) * (x - x_mean) for t, x in enumerate(history)) / sum((t - t_mean) ** 2 for t in range(n))
+    return x_mean + slope * (n - 1 - t_mean + ahead)
+
+
 def detect_season(history: Sequence[float], min_season: int = 4, threshold: float = 0.4) -> int:
     """Windows per period of the strongest repeating pattern in the history, 0 if there is none.
 

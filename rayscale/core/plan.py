@@ -391,8 +391,10 @@ def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cu
         b.why[name] = f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s ({d.reason})"
         if cfg.downscale_headroom:
             b.why[name] += f"; keeping {cfg.downscale_headroom:.0%} headroom"
-        # The headroom is not demand: what the solver cannot cover of it is no shortfall.
-        b.rounded[name] = min(cur_cap, d.rps * (1 + cfg.downscale_headroom)) - d.rps
+        if d.rise_rps > d.rps:
+            b.why[name] += f"; keeping {d.rise_rps:.2f} req/s for the rate's recent rise"
+        # The headroom and the rise are not demand: what the solver cannot cover of them is no shortfall.
+        b.rounded[name] = min(cur_cap, max(d.rps, d.rise_rps) * (1 + cfg.downscale_headroom)) - d.rps
         return Mode.FREE, d.rps + b.rounded[name]
     b.why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
                    f"scale-down waits {cfg.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")

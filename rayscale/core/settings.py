@@ -59,6 +59,12 @@ class Settings:
     trend_start: str = "difference"
     # Arrivals per period are kept this long for the burst floor (rayscale.core.burst).
     burst_history_s: float = 3600.0
+    # A scale-down keeps capacity for the rate that the least-squares line through the last this-long of
+    # rate history reaches one forecast horizon ahead (Demand.rise_rps; 0: off). Holt's trend (alpha 0.5,
+    # beta 0.2) follows a ramp's start late: at the foot of a rise it forecasts about the rate now, and a
+    # scale-down there is bought back a start-up later, into a queue (bench/results/tune_rise_down.md: 10 min
+    # met 98.48% from cold on the dev fast ramp, 0 met 97.71%, at 0.1% more in steady state).
+    rise_window_s: float = 600.0
     estimate: EstimateSettings = field(default_factory=shipped_estimate)
     planner: PlannerSettings = field(default_factory=shipped_planner)
     act: ActSettings = field(default_factory=ActSettings)
@@ -71,6 +77,8 @@ class Settings:
         for name in ("period_s", "window_s", "stale_after_s", "history_window_s", "burst_history_s", "peak_hold_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"Settings.{name} must be > 0, got {getattr(self, name)}")
+        if not self.rise_window_s >= 0:
+            raise ValueError(f"Settings.rise_window_s must be >= 0, got {self.rise_window_s}")
         if self.fast_window_s is not None and not 0 < self.fast_window_s <= self.window_s:
             raise ValueError(f"Settings.fast_window_s must be in (0, window_s={self.window_s}], "
                              f"got {self.fast_window_s}")

@@ -26,7 +26,7 @@ from rayscale.core.estimate import (
     update_corrections,
 )
 from rayscale.core.feedback import Delivered, delivered
-from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal
+from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal, line_ahead
 from rayscale.core.plan import Plan, PlannerMemory, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
@@ -94,6 +94,7 @@ def step(ctx: StepContext) -> StepResult:
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
     demands = _with_feedback(demands, state.delivered, cfg, ctx.now, signals)
+    demands = _with_rise(demands, signals, cfg, horizon_s)
     current: dict[Key, int] = {}
     for g in ctx.gangs:
         if g.phase != GangPhase.FAILED:
@@ -176,6 +177,24 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             rps = min(d.rps, arriving)
             why += f", not below the {arriving:.2f} req/s arriving"
         out[name] = replace(d, rps=rps, burst_rps=d.burst_rps * burst, reason=why)
+    return out
+
+
+def _with_rise(demands: Mapping[str, Demand], signals: Mapping[str, ModelSignals], cfg: Settings,
+               horizon_s: float) -> dict[str, Demand]:
+    """Each sized demand with the rate its recent line reaches one forecast horizon ahead (Demand.rise_rps),
+    where that is above the demand: what a scale-down keeps capacity for (Settings.rise_window_s)."""
+    out = dict(demands)
+    n = round(cfg.rise_window_s / cfg.history_window_s)
+    if n < 3:
+        return out
+    for name, d in demands.items():
+        sig = signals.get(name)
+        if d.state != DemandState.OK or sig is None or len(sig.rate_history) < n:
+            continue
+        rise = line_ahead(sig.rate_history[-n:], horizon_s / cfg.history_window_s)
+        if rise > d.rps:
+            out[name] = replace(d, rise_rps=rise)
     return out
 
 

@@ -210,3 +210,25 @@ def test_a_narrower_band_applies_where_bursts_last_a_minute_or_more(sharpness: f
     assert (sum(p.target().values()) < sum(cur.values())) == scaled_down
     with pytest.raises(ValueError, match="smooth_hysteresis_band"):
         PlannerSettings(smooth_hysteresis_band=1.0)
+
+
+def test_a_scale_down_keeps_capacity_for_the_rise_the_rate_is_on_and_not_for_a_flat_rate() -> None:
+    """At the foot of a ramp the forecast is about the rate now: a scale-down to it is bought back a start-up
+    later, into a queue. Demand.rise_rps (the rate's recent line, one start-up ahead) is what it keeps, and
+    nothing is ordered for it: a rise above what runs is no shortfall."""
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 2.0, MIX)
+    d = estimate(CAT, {"mistral-7b": sig})["mistral-7b"]
+    cap = d.capacity["a10g"].rps
+    up = {("mistral-7b", "a10g", "on-demand"): 6}
+    mem = PlannerMemory(last_change_s={"mistral-7b": -1e9}, below_since_s={"mistral-7b": -1e9})
+    settings = replace(SET, downscale_headroom=0.0)
+    flat, _ = plan(CAT, {"mistral-7b": replace(d, rps=2 * cap)}, up, now=0.0, memory=mem, settings=settings)
+    rising, _ = plan(CAT, {"mistral-7b": replace(d, rps=2 * cap, rise_rps=3.5 * cap)}, up, now=0.0, memory=mem,
+                     settings=settings)
+    assert flat.replicas("mistral-7b") == 2
+    assert rising.replicas("mistral-7b") == 4 and not rising.shortfalls
+    assert "for the rate's recent rise" in rising.entries[0].reason
+    # A rise beyond what runs keeps what runs, and orders nothing.
+    steep, _ = plan(CAT, {"mistral-7b": replace(d, rps=2 * cap, rise_rps=9 * cap)}, up, now=0.0, memory=mem,
+                    settings=settings)
+    assert steep.replicas("mistral-7b") == 6 and not steep.shortfalls

@@ -129,3 +129,22 @@ def test_simulate_and_controller_read_the_settings_file(tmp_path: Path, capsys: 
     assert main([*trace, "--settings", str(slow)]) == 0
     held = json.loads(capsys.readouterr().out)
     assert held["cost_usd"] > 1.5 * shipped["cost_usd"]  # replicas run at 30% instead of 80%: the file was read
+
+
+@pytest.mark.parametrize(("history", "rising"), [((2.0, 2.2, 2.5, 2.6, 2.9, 3.0), True),
+                                                 ((3.0, 2.9, 3.1, 3.0, 2.9, 3.0), False)])
+def test_the_step_gives_a_rising_demand_the_rate_its_line_reaches_one_horizon_ahead(
+        history: tuple[float, ...], rising: bool) -> None:
+    from dataclasses import replace
+
+    from rayscale.config import load_catalog
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    state = StepState(rate_history={"mistral-7b": history}, next_history_s=60.0)
+    ctx = _ctx(cat, 10.0, (), ServeView({}, {}), state)
+    off = replace(ctx, settings=replace(Settings(), rise_window_s=0.0))
+    assert step(off).demands["mistral-7b"].rise_rps == 0.0
+    on = replace(ctx, settings=replace(Settings(), rise_window_s=360.0, forecast_horizon_s=600.0))
+    d = step(on).demands["mistral-7b"]
+    # Rising: about 0.19 req/s a window, 10 windows past the last one; flat: no rise above the demand.
+    assert (d.rise_rps > 4.5) == rising and (d.rise_rps == 0.0) == (not rising)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.core.forecast import FORECASTERS, Seasonal, TrendSeasonal, detect_season
+from rayscale.core.forecast import FORECASTERS, Seasonal, TrendSeasonal, detect_season, line_ahead
 from rayscale.core.settings import Settings
 from rayscale.core.step import forecaster_for
 from rayscale.sim.policies import RayscalePolicy
@@ -120,3 +120,11 @@ def test_a_flat_trend_start_does_not_extrapolate_the_noise_of_the_first_windows(
     assert forecaster_for(cat, Settings(trend_start="flat")).flat_start  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match=r"Settings\.trend_start must be one of"):
         Settings(trend_start="level")
+
+
+def test_the_line_ahead_is_the_least_squares_line_extended_and_needs_three_points() -> None:
+    assert line_ahead([1.0, 2.0], 5.0) == 0.0
+    assert line_ahead([1.0, 2.0, 3.0, 4.0], 2.0) == pytest.approx(6.0)
+    assert line_ahead([3.0, 3.0, 3.0], 10.0) == pytest.approx(3.0)
+    # Noise around a flat rate moves it by the fitted slope only.
+    assert line_ahead([3.0, 2.0, 4.0, 3.0], 0.0) == pytest.approx(3.3)
