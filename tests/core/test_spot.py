@@ -152,6 +152,28 @@ def test_the_step_learns_an_interruption_from_the_gangs_it_sees_and_keeps_it_in_
     assert any("no new spot l40s" in e.reason for e in second.plan.entries)
 
 
+def test_a_spot_notice_takes_back_what_slo_feedback_relaxed_for_that_model_only() -> None:
+    """A relaxed factor was earned by the fleet before the notice; the replacement is sized at full need."""
+    from rayscale.core.feedback import Delivered
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 3.0, MIX, waiting=0.0)
+    relaxed = {"mistral-7b": Delivered(3.0, 3.0, 1e4, 0.0, factor=0.8, since_s=-7200.0)}
+
+    def run(gangs: tuple[Gang, ...]) -> tuple[Delivered, str]:
+        state = StepState(delivered=relaxed, spot=SpotRecord(ready={"a": ("l40s", 1)}, at_s=0.0))
+        r = step(StepContext(5.0, cat, {"mistral-7b": sig}, gangs, ServeView({}, {}), Settings(), state))
+        return r.state.delivered["mistral-7b"], r.demands["mistral-7b"].reason
+
+    kept, kept_why = run((_gang("a", GangPhase.READY), _gang("b", GangPhase.READY, "on-demand")))
+    lost, lost_why = run((_gang("a", GangPhase.FAILED), _gang("b", GangPhase.READY, "on-demand")))
+    assert kept.factor < 1.0 and "x0.80" in kept_why
+    assert lost.factor == 1.0 and lost.since_s == 5.0 and "x0." not in lost_why
+    # An on-demand gang deleted by the plan is no notice: nothing spot was READY under that name.
+    gone, _ = run((_gang("a", GangPhase.READY), _gang("b", GangPhase.FAILED, "on-demand")))
+    assert gone.factor < 1.0
+
+
 def test_simulate_takes_the_spot_interruption_rate_and_the_plan_learns_it(capsys: pytest.CaptureFixture[str]) -> None:
     from rayscale.cli import main
 
