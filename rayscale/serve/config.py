@@ -429,6 +429,9 @@ class EntryErrors(ValueError):
         super().__init__("; ".join(f"{loc}: {msg}" for loc, msg in found))
         self.found = found
 
+    def __reduce__(self) -> tuple[type[EntryErrors], tuple[list[tuple[str, str]]]]:
+        return (type(self), (self.found,))  # pickle rebuilds from args, the joined message alone
+
 
 class IngressConfig(_Strict):
     num_replicas: int = Field(default=1, ge=1)

@@ -45,6 +45,11 @@ class ApiError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self) -> tuple[type[ApiError], tuple[int, str, str | None, float | None]]:
+        # Ray pickles an exception raised in a replica to hand it to the caller; the default rebuilds it
+        # from its args (the message alone) and fails.
+        return (type(self), (self.status_code, self.message, self.param, self.retry_after_s))
+
 
 @dataclass(frozen=True)
 class ErrorInfo:

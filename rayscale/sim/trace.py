@@ -55,6 +55,11 @@ class TraceFormatError(ValueError):
         what = f", field {field!r}" if field else ""
         super().__init__(f"bad trace {where}{what}: {reason}")
 
+    def __reduce__(self) -> tuple[type[TraceFormatError], tuple[str, int | None, str | None, str]]:
+        # Pickle rebuilds an exception from its args (the message alone): a bench's process pool would
+        # raise a TypeError in place of this error, and the file and field it names would be lost.
+        return (type(self), (self.path, self.line, self.field, self.reason))
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:

@@ -297,3 +297,20 @@ def test_client_errors_log_one_line_not_a_traceback(tiny_vllm_app: str) -> None:
             # The next line is another log record (or nothing yet), not this one's traceback.
             assert after == "" or re.match(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) ", after), (kind, line, after)
         assert any(" 400 " in line or " 404 " in line for line, _ in pairs), (kind, pairs)
+
+
+def test_errors_that_cross_a_process_keep_every_field_through_pickle() -> None:
+    """Ray hands a replica's exception to its caller pickled, and a process pool its worker's: pickle
+    rebuilds an exception from its args (the message alone), which these errors' constructors refuse."""
+    import pickle
+
+    from rayscale.serve.config import EntryErrors
+    from rayscale.sim.trace import TraceFormatError
+
+    api = pickle.loads(pickle.dumps(ApiError(429, "queue full", param="model", retry_after_s=2.0)))
+    assert (api.status_code, api.message, api.param, api.retry_after_s) == (429, "queue full", "model", 2.0)
+    trace = pickle.loads(pickle.dumps(TraceFormatError("t.csv", 3, "TIMESTAMP", "not a time")))
+    assert (trace.path, trace.line, trace.field, str(trace)) == (
+        "t.csv", 3, "TIMESTAMP", "bad trace t.csv, line 3, field 'TIMESTAMP': not a time")
+    entry = pickle.loads(pickle.dumps(EntryErrors([("llm_configs[0].model_loading_config", "missing")])))
+    assert entry.found == [("llm_configs[0].model_loading_config", "missing")]
