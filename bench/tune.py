@@ -82,6 +82,8 @@ def variants() -> dict[str, Settings]:
         "feedback below arrivals": replace(s, feedback=replace(fb, floor_window_s=0.0)),
         "feedback floor over 1 min": replace(s, feedback=replace(fb, floor_window_s=60.0)),
         "feedback floor over 11 min": replace(s, feedback=replace(fb, floor_window_s=660.0)),
+        "feedback floor at 0.9 of arrivals": replace(s, feedback=replace(fb, floor_share=0.9)),
+        "feedback floor at 0.95 of arrivals": replace(s, feedback=replace(fb, floor_share=0.95)),
         "feedback relaxes the burst floor": replace(s, feedback=replace(fb, relax_burst_floor=True)),
         "feedback relaxes the burst floor to 0.7": replace(s, feedback=replace(fb, relax_burst_floor=True,
                                                                                  min_factor=0.7)),

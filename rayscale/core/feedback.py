@@ -61,6 +61,10 @@ class FeedbackSettings:
     # (a generated chat ramp from cold met 95.3% without a floor, bench/results/tune_floor.md). Five minutes,
     # as Kubernetes' HPA looks back five minutes before it scales down; the rule chose it over 1 and 11 min.
     floor_window_s: float = 300.0
+    # The floor is this share of that mean rate: 1 keeps the whole utilisation headroom
+    # (EstimateSettings.target_utilization) under the arrivals; below 1 a fleet whose record says it meets
+    # the SLO with slack may run that much closer to its modelled capacity on a level load.
+    floor_share: float = 1.0
     # Below 1 the factor is not applied at all while the demand is more than rise_above over the highest
     # arrival rate of the peak hold (Settings.peak_hold_s; rayscale.core.step._rising): a forecast's trend
     # or season above every rate the fleet has served, or a backlog (None: applied on rises too). The misses
@@ -74,7 +78,7 @@ class FeedbackSettings:
                   "relax_per_h": self.relax_per_h >= 0, "min_factor": 0 < self.min_factor <= 1,
                   "tighten_per_h": self.tighten_per_h >= 0, "max_factor": self.max_factor >= 1,
                   "min_requests": self.min_requests >= 0, "relax_after_s": self.relax_after_s >= 0,
-                  "floor_window_s": self.floor_window_s >= 0,
+                  "floor_window_s": self.floor_window_s >= 0, "floor_share": 0 < self.floor_share <= 1,
                   "rise_above": self.rise_above is None or self.rise_above >= 0}
         for name, ok in checks.items():
             if not ok:

@@ -327,7 +327,7 @@ def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> N
     # every period would read the model as short and they could never be scaled down with the demand.
     have_caps = {**caps, **d.fallback} if d else caps
     need = d.rps if d is not None else 0.0
-    cur_cap = sum(n * (have_caps[f].rps * _counted(b, name, f, ct, have_caps[f].rps, need) if f in have_caps else 0.0)
+    cur_cap = sum(n * (have_caps[f].rps * _counted(b, name, f, ct, have_caps[f].rps, need)[0] if f in have_caps else 0.0)
                   for (_, f, ct), n in cur.items())
     cur_n = sum(cur.values())
     mode, rps = _mode(b, name, d, cur, cur_cap, cur_n)
@@ -421,8 +421,7 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
         cap = caps[fname].rps if fname in caps else 0.0
         unit = len(b.gangs)
         for ct, ctv, price in prices:
-            risk = _spot_outage_risk(b, name, fname, ctv, cap, need_rps)
-            worth = 0.0 if risk > b.settings.spot_outage_budget else _worth(b, name, fname, ctv)
+            worth, risk = _counted(b, name, fname, ctv, cap, need_rps)
             if 0 < worth < 0.995:
                 b.why[name] = (f"{b.why.get(name, '')}; spot {fname} counted at {worth:.0%} "
                                f"({b.spot_rates[fname]:.2f} interruptions per node-hour)")
@@ -472,16 +471,20 @@ def _spot_outage_risk(b: _Build, model: str, flavor: str, capacity_type: str, re
     return rate * nodes * lead_s / 3600.0 * carried
 
 
-def _counted(b: _Build, model: str, flavor: str, capacity_type: str, replica_rps: float, need_rps: float) -> float:
-    """The share of its capacity a running replica counts for: its availability (_worth), and nothing on a
-    spot gang whose interruptions put more requests at risk than the outage budget allows. Such a gang was
-    ordered before its flavor's rate was learned; counted at nothing, the plan orders on-demand capacity
-    beside it, which serves before the gang goes (interrupted, or dropped by the next scale-down), where
-    replacing it outright would take its capacity away for a start-up (simulated: the dev diurnal day at
-    one notice per node-hour lost a kept spot L40S of three at its peak, 9 min to replace, 1,100 queued)."""
-    if _spot_outage_risk(b, model, flavor, capacity_type, replica_rps, need_rps) > b.settings.spot_outage_budget:
-        return 0.0
-    return _worth(b, model, flavor, capacity_type)
+def _counted(b: _Build, model: str, flavor: str, capacity_type: str, replica_rps: float,
+             need_rps: float) -> tuple[float, float]:
+    """(the share of its capacity a replica of the offering counts for, the share of the model's requests
+    one interrupted gang of it puts at risk, _spot_outage_risk). The share is its availability (_worth),
+    and nothing on a spot gang whose interruptions put more requests at risk than the outage budget allows.
+    Such a gang was ordered before its flavor's rate was learned; counted at nothing, the plan orders
+    on-demand capacity beside it, which serves before the gang goes (interrupted, or dropped by the next
+    scale-down), where replacing it outright would take its capacity away for a start-up (simulated: the
+    dev diurnal day at one notice per node-hour lost a kept spot L40S of three at its peak, 9 min to
+    replace, 1,100 queued)."""
+    if capacity_type != CapacityType.SPOT.value or b.spot_rates.get(flavor, 0.0) <= 0:
+        return 1.0, 0.0  # the common case, a thousand models a step: no interruption seen
+    risk = _spot_outage_risk(b, model, flavor, capacity_type, replica_rps, need_rps)
+    return (0.0 if risk > b.settings.spot_outage_budget else _worth(b, model, flavor, capacity_type)), risk
 
 
 def _worth(b: _Build, model: str, flavor: str, capacity_type: str) -> float:

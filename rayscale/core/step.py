@@ -189,9 +189,11 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
         rps = d.rps * factor
         arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s,
                                    cfg.window_s)
-        if factor < 1.0 and arriving is not None and rps < arriving:
-            rps = min(d.rps, arriving)
-            why += f", not below the {arriving:.2f} req/s arriving"
+        floor = None if arriving is None else arriving * cfg.feedback.floor_share
+        if factor < 1.0 and floor is not None and rps < floor:
+            rps = min(d.rps, floor)
+            share = "" if cfg.feedback.floor_share == 1.0 else f"{cfg.feedback.floor_share:.0%} of "
+            why += f", not below {share}the {arriving:.2f} req/s arriving"
         out[name] = replace(d, rps=rps, burst_rps=d.burst_rps * burst, reason=why)
     return out
 

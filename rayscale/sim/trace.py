@@ -12,7 +12,9 @@ Formats read:
   and optionally ``hash_ids``: one id per ``HASH_BLOCK_TOKENS``-token block of the prompt, equal ids where
   requests share a prefix (the simulator's prefix cache reads them; a line without them shares nothing).
 A CSV may also use the Mooncake column names and a JSONL line the Azure keys (or ``arrival_s``,
-``prompt_tokens``, ``output_tokens``, the names of this module).
+``prompt_tokens``, ``output_tokens``, the names of this module). BurstGPT's CSV (``Timestamp`` in seconds,
+``Request tokens``, ``Response tokens``; a failed request has 0 response tokens) and the usage names of
+OpenAI-style logs (``input_tokens``, ``completion_tokens``) read as they are.
 """
 
 from __future__ import annotations
@@ -516,8 +518,8 @@ def bursts(
 # --- readers --------------------------------------------------------------------------------------
 
 _ARRIVAL_KEYS = ("TIMESTAMP", "timestamp", "arrival_s")
-_PROMPT_KEYS = ("ContextTokens", "input_length", "prompt_tokens")
-_OUTPUT_KEYS = ("GeneratedTokens", "output_length", "output_tokens")
+_PROMPT_KEYS = ("ContextTokens", "input_length", "prompt_tokens", "Request tokens", "input_tokens")
+_OUTPUT_KEYS = ("GeneratedTokens", "output_length", "output_tokens", "Response tokens", "completion_tokens")
 _HASH_KEY = "hash_ids"
 
 

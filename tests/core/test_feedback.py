@@ -106,6 +106,25 @@ def test_a_relaxed_factor_never_counts_demand_below_the_arrivals(
     assert ("req/s arriving" in got.reason) == (floor and factor < 1.0 and arriving > 8.0)
 
 
+@pytest.mark.parametrize(("share", "arriving", "want"), [(0.9, 11.0, 9.9), (0.9, 8.0, 7.2), (0.5, 11.0, 5.5)])
+def test_the_floor_is_its_share_of_the_arrivals(share: float, arriving: float, want: float) -> None:
+    """``floor_share`` below 1 lets a relaxed factor trim part of the utilisation headroom too, never more."""
+    d = Demand("mistral-7b", DemandState.OK, 12.0, MIX)
+    cfg = Settings(feedback=replace(FB, floor_window_s=300.0, floor_share=share))
+    sig = replace(_sig(300.0, 1.0, rate=arriving), rate_history=(12.0, *[arriving] * 5))
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0,
+                         {"mistral-7b": sig})["mistral-7b"]
+    assert got.rps == pytest.approx(max(want, 0.8 * 12.0))
+    assert (f"{share:.0%} of the" in got.reason) == (share * arriving > 0.8 * 12.0)
+
+
+def test_a_floor_share_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="floor_share"):
+        FeedbackSettings(floor_share=0.0)
+    with pytest.raises(ValueError, match="floor_share"):
+        FeedbackSettings(floor_share=1.2)
+
+
 @pytest.mark.parametrize(("history", "rise_above", "want"), [
     ((6.0, 7.0, 8.0), 0.2, 10.0), ((6.0, 7.0, 8.0), None, 8.0), ((6.0, 9.0, 8.0), 0.2, 8.0),
     ((6.0, 9.0, 8.0), 0.1, 10.0), ((12.0, 9.0, 8.0), 0.2, 8.0)])

@@ -65,6 +65,19 @@ def test_csv_with_numeric_seconds_and_other_column_order(tmp_path: Path) -> None
     assert tr.output_tokens.tolist() == [5, 6]
 
 
+def test_burstgpt_csv_and_usage_field_names(tmp_path: Path) -> None:
+    """BurstGPT's release (HPMLL/BurstGPT: Timestamp in seconds, Request/Response tokens, a failed request
+    with 0 response tokens) and the usage names of OpenAI-style logs load without renaming a column."""
+    p = write(tmp_path, "burst.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+              "5,ChatGPT,472,18,490,Conversation log\n45,GPT-4,1087,0,1087,Conversation log\n")
+    tr = T.load_trace(p)
+    assert tr.arrival_s.tolist() == [0.0, 40.0]
+    assert tr.prompt_tokens.tolist() == [472, 1087]
+    assert tr.output_tokens.tolist() == [18, 0]
+    q = write(tmp_path, "usage.jsonl", '{"arrival_s": 1.0, "input_tokens": 30, "completion_tokens": 7}\n')
+    assert (T.load_trace(q).prompt_tokens.tolist(), T.load_trace(q).output_tokens.tolist()) == ([30], [7])
+
+
 def test_mooncake_jsonl_milliseconds(tmp_path: Path) -> None:
     lines = [
         {"timestamp": 0, "input_length": 6955, "output_length": 52, "hash_ids": [1, 2]},
