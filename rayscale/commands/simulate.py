@@ -211,9 +211,9 @@ def render_table(results: list[Any], trace_name: str) -> str:
 
     rows = [[r.policy, r.requests, f"{100 * r.slo_attainment:.2f}%", r.ttft_p95_s, r.tpot_p95_s, r.cost_usd,
              ratio(r.cost_usd, clair), ratio(r.cost_usd, static), r.accelerator_hours, r.idle_node_hours,
-             r.failed_requests, r.scale_up_events, r.wall_s] for r in results]
+             r.failed_requests, r.rejected_requests, r.scale_up_events, r.wall_s] for r in results]
     head = ["policy", "requests", "SLO met", "TTFT p95 s", "TPOT p95 s", "cost $", "vs clairvoyant",
-            "vs static-best", "accel h", "idle node h", "failed", "scale-ups", "wall s"]
+            "vs static-best", "accel h", "idle node h", "failed", "rejected", "scale-ups", "wall s"]
     title = f"trace {trace_name}"
     warm = results[0].extra.get("warmup_s") if results else None
     if warm:
@@ -222,7 +222,18 @@ def render_table(results: list[Any], trace_name: str) -> str:
     title += (f"; every policy starts from the same on-demand fleet ({start or 'none'}) live at t=0"
               if results and "start_fleet" in results[0].extra else "; each policy starts from its own fleet")
     notes = [_note(r) for r in results]
-    return "\n".join([format_table(head, rows, title=title), *(n for n in notes if n)])
+    return "\n".join([format_table(head, rows, title=title), *(n for n in notes if n), *_rejected(results)])
+
+
+def _rejected(results: list[Any]) -> list[str]:
+    """A loud line where requests were refused: they are in no SLO column, and a user must not miss them."""
+    worst = max(results, key=lambda r: r.rejected_requests, default=None)
+    if worst is None or worst.rejected_requests == 0:
+        return []
+    n = worst.rejected_requests
+    return [f"WARNING: {n} of {n + worst.requests} scored requests ({100 * n / (n + worst.requests):.1f}%) were "
+            "rejected, not served: their prompt does not fit the model's context (max_model_len in models.yaml), "
+            "as vLLM rejects them (HTTP 400). The SLO and cost columns count only the requests served."]
 
 
 def _note(r: Any) -> str:

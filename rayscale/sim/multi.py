@@ -343,6 +343,10 @@ def render_multi(results: list[MultiResult]) -> str:
             if r.extra.get("shortfall_periods"):
                 parts.append(f"{res.policy}: {m} had demand the plan could not place in "
                              f"{r.extra['shortfall_periods']} control periods")
+    for m, r in (results[0].per_model.items() if results else ()):
+        if r.rejected_requests:
+            parts.append(f"WARNING: {m}: {r.rejected_requests} requests rejected, not served: their prompt does not "
+                         "fit the model's context (max_model_len), as vLLM rejects them; no SLO column counts them")
     starts = {m: r.extra["start_fleet"] for m, r in results[0].per_model.items()
               if "start_fleet" in r.extra} if results else {}
     parts.append("every policy starts from the same on-demand fleet live at t=0: "

@@ -108,6 +108,20 @@ def test_cli_json_keys(capsys):
                 "idle_node_hours", "failed_requests", "scale_up_events", "wall_s"} <= set(r)
 
 
+def test_cli_says_loudly_when_requests_are_rejected(capsys, tmp_path):
+    """A prompt over the model's context is refused as vLLM refuses it: counted apart, in a column and a warning."""
+    rows = "".join(f"{2.0 * i},{40000 if i % 10 == 0 else 600},100\n" for i in range(300))
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + rows)
+    assert cli_main(["simulate", "--trace", str(tmp_path / "t.csv"), "--model", "mistral-7b", "--policy",
+                     "rayscale", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: 30 of 300 scored requests (10.0%) were rejected" in out
+    assert " rejected " in out.splitlines()[1]
+    assert cli_main(["simulate", "--trace", "gen:poisson:rate=2,hours=0.05", "--policy", "rayscale",
+                     "--no-progress"]) == 0
+    assert "WARNING" not in capsys.readouterr().out
+
+
 def test_cli_errors(capsys, tmp_path):
     assert cli_main(["simulate", "--trace", str(tmp_path / "missing.csv")]) == 2
     assert "missing.csv" in capsys.readouterr().err
