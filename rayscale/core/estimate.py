@@ -375,8 +375,8 @@ class EstimateSettings:
     headroom: float = 0.0  # extra fraction of demand to provision
     # Report the burst rate of the signals' arrival counts (Demand.burst_rps, rayscale.core.burst), which the
     # planner holds replicas for: their queues drain (``drain_rps``) each burst within the TTFT target, for
-    # all but 1 - attainment of the requests. Off by default (`rayscale controller --burst-floor`); the
-    # simulator turns it on (SimConfig.burst_floor, bench/results/burst_floor.md).
+    # all but 1 - attainment of the requests. The product ships it on (rayscale/data/settings.yaml,
+    # rayscale.core.settings.shipped_estimate; bench/results/burst_floor.md); a bare EstimateSettings() is off.
     burst_floor: bool = False
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
