@@ -13,6 +13,7 @@ BENCHES = [
     ["bench.startup", "--seeds", "0,1,2", "--totals", "120,300,600", "--write"],
     ["bench.spot_budget", "--out", "bench/results/spot_budget.md"],
     ["bench.spot_stress", "--out", "bench/results/spot_stress.md"],
+    ["bench.spot_zombies", "--out", "bench/results/spot_zombies.md"],
     ["bench.long_prompts", "--out", "bench/results/long_prompts.md"],
     ["bench.planner", "--out", "bench/results/planner.md"],
     ["bench.simulate_speed"],

@@ -47,7 +47,7 @@ from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.core.spot import rates
-from rayscale.core.step import StepContext, StepState, step
+from rayscale.core.step import StepContext, StepResult, StepState, step
 from rayscale.sim.capacity import CapacitySettings, MeasuredCapacity, cheapest_capacity
 from rayscale.sim.cloud import ActuatorConfig
 from rayscale.sim.engine import p95
@@ -151,6 +151,7 @@ class RayscalePolicy(Policy):
         self.state = StepState()
         self.provider: SimProvider | None = None
         self.restart_at_s = restart_at_s
+        self.last: StepResult | None = None  # the last step's result (its plan and why), for benches that look in
 
     def _step(self, now: float, sim: Simulation, signals: ModelSignals, warm: bool = False) -> None:
         provider = self.provider
@@ -159,7 +160,7 @@ class RayscalePolicy(Policy):
         ctx = StepContext(now, sim.catalog, {sim.model: signals}, tuple(provider.gangs(now)),
                           provider.serve_view(), self.settings, self.state)
         result = step(ctx)
-        self.state = result.state
+        self.state, self.last = result.state, result
         if warm:  # the fleet this load needs, already up and serving at t=0
             flavors = {a.flavor for a in result.actions if isinstance(a, CreateGang)}
             start_warm(sim.cluster, result.actions, {f: result.plan.replicas(sim.model, f) for f in flavors}, now)

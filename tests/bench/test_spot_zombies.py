@@ -1,0 +1,12 @@
+"""bench.spot_zombies reads the plan's own words (its why) and the step's last result: a run where spot is over
+its outage budget must count kept spot gangs, within the spot ones."""
+
+from __future__ import annotations
+
+from bench.spot_zombies import one
+
+
+def test_it_counts_spot_gangs_kept_for_nothing_within_the_spot_ones() -> None:
+    row = one(0, 0)  # Azure code x3 at 1 notice per node-hour: the rate is learned and spot is over budget
+    assert 0.0 < row["kept for nothing"] <= row["spot"] + 1e-9
+    assert row["on-demand"] > row["spot"]
