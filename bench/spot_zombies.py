@@ -24,11 +24,13 @@ from bench.common import emit, machine
 from bench.spot_stress import CASES, MODEL, _cloud
 from rayscale.config import load_catalog
 from rayscale.core.act import GangPhase
+from rayscale.core.catalog import CapacityType
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
 from rayscale.sim.sources import with_warmup_draw
 
-KEPT_FOR_NOTHING = "the running ones count for nothing"  # the plan's own words (rayscale.core.plan._add_offers)
+# The plan's own words for a flavor's spot gangs over the outage budget (rayscale.core.plan._add_offers).
+KEPT_FOR_NOTHING = "no new spot {flavor}, and the running ones count for nothing"
 
 
 class _Counting(RayscalePolicy):
@@ -45,13 +47,13 @@ class _Counting(RayscalePolicy):
         if now < self.scored_from_s or self.provider is None or self.last is None:
             return
         dt, self.at_s = (0.0 if self.at_s is None else now - self.at_s), now
-        nothing = any(KEPT_FOR_NOTHING in e.reason for e in self.last.plan.entries)
+        why = " ".join(e.reason for e in self.last.plan.entries)
         for g in self.provider.gangs(now):
             if g.phase != GangPhase.READY:
                 continue
-            spot = g.capacity_type == "spot"
+            spot = g.capacity_type == CapacityType.SPOT.value
             self.seconds["spot" if spot else "on-demand"] += dt
-            if spot and g.serving and nothing:
+            if spot and g.serving and KEPT_FOR_NOTHING.format(flavor=g.flavor) in why:
                 self.seconds["kept for nothing"] += dt
 
 
