@@ -6,10 +6,11 @@
 Once a flavor's learned interruption rate puts more than ``planner.spot_outage_budget`` of the requests at risk,
 the plan orders no new spot gang of it and counts the running ones at nothing (rayscale.core.plan._counted), so
 on-demand capacity comes up beside them. They keep serving: ``act._release`` releases only gangs that serve no
-replica, and spot and on-demand replicas of a flavor share one Serve deployment, so nothing drains them. This
-bench measures that time (READY spot gang-hours while the plan says the running ones count for nothing) beside
-all spot and on-demand gang-hours, over the scored part of each run. A fix that moves such a replica to the
-on-demand gang (a drain Serve migrates) should take the first column towards zero.
+replica, and spot and on-demand replicas of a flavor share one Serve deployment. Where one interruption puts
+``plan.SPOT_DROP_OVER_BUDGET`` times the budget at risk and the ready rest covers the need, the plan drops them
+and ``act._drains`` moves their replicas (a drain Serve migrates). This bench measures the time they are kept
+(READY spot gang-hours while the plan says the running ones count for nothing) beside all spot and on-demand
+gang-hours, over the scored part of each run.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from rayscale.core.act import Action, CreateGang, DeleteGang, Gang, SetReplicas
+from rayscale.core.act import Action, CreateGang, DeleteGang, DrainGang, Gang, SetReplicas
 
 # Labels every rayscale-owned node / NodeClaim carries; the same keys locally and on Kubernetes.
 LABEL_OWNER = "rayscale.io/owned-by"
@@ -25,6 +25,9 @@ OWNER = "rayscale"
 
 
 class Actuator(Protocol):
+    # Whether drain_gang works here: the step moves replicas off a gang only through a provider that can.
+    can_drain: bool
+
     def gangs(self, now: float) -> list[Gang]:
         """Every gang this actuator owns, with its phase; ``Gang.node_ids`` lists members that are up."""
         ...
@@ -35,6 +38,11 @@ class Actuator(Protocol):
 
     def delete_gang(self, name: str) -> None:
         """Release every node of the gang. Idempotent."""
+        ...
+
+    def drain_gang(self, name: str) -> None:
+        """Drain every node of the gang through Ray (rayscale.core.act.DrainGang); the gang then reports
+        ``draining``. Idempotent."""
         ...
 
     def sync_serve_targets(self, targets: dict[str, dict[str, int]]) -> list[str]:
@@ -63,6 +71,8 @@ def apply_actions(actions: Iterable[Action], actuator: Actuator, set_replicas: C
                 actuator.create_gang(a, now)
             elif isinstance(a, DeleteGang):
                 actuator.delete_gang(a.name)
+            elif isinstance(a, DrainGang):
+                actuator.drain_gang(a.name)
             elif isinstance(a, SetReplicas):
                 set_replicas(a.model, a.flavor, a.replicas)
         except Exception as e:  # one failed action must not stop the others or the loop

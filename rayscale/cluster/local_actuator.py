@@ -31,7 +31,7 @@ from rayscale.cluster.local import LocalCluster, LocalNode, flavor_spec
 from rayscale.core.act import CreateGang, Gang, GangPhase
 from rayscale.serve.config import LABEL_GANG_SLOT
 
-_UP = {"ALIVE", "IDLE", "ACTIVE"}
+_UP = {"ALIVE", "IDLE", "ACTIVE", "DRAINING"}  # a draining node still runs what it ran
 
 
 @dataclass
@@ -41,6 +41,8 @@ class LocalActuatorConfig:
     max_worker_nodes: int = 3  # what this machine can run beside the head (2 cores, vLLM on CPU)
     capacity_errors: set[tuple[str, str]] = field(default_factory=set)  # (flavor, zone) that fail to launch
     drain_grace_s: float = 30.0
+    # A drained gang's replicas move within this long (a replacement's start-up); then Serve stops them.
+    drain_deadline_s: float = 600.0
     # A node whose start fails (on a busy small machine Ray's dashboard agent can miss the raylet's
     # start-up deadline) is started again, as a kubelet restarts a crashed Ray pod; then the gang fails.
     start_attempts: int = 3
@@ -62,12 +64,18 @@ class _Launch:
 
 
 class LocalActuator:
+    can_drain = True  # through the GCS (LocalCluster.drain_node): Serve moves the replicas off
+
     def __init__(self, cluster: LocalCluster, config: LocalActuatorConfig | None = None):
         self.cluster = cluster
         self.config = config or LocalActuatorConfig()
         self._lock = threading.Lock()
         self._launching: dict[str, _Launch] = {}
         self._deleting: set[str] = set()
+        # Gangs this process drained: a drained node's raylet exits once it is idle (Ray's DrainNode), which
+        # is the drain done, not a lost node. Forgotten on a restart: such a gang then reads FAILED and is
+        # deleted whole like any other.
+        self._drained: set[str] = set()
         self._since: dict[str, tuple[GangPhase, float]] = {}  # gang -> (phase, entered at), once ready
         self._threads: list[threading.Thread] = []
         # One node start at a time: concurrent `ray start`s on two cores are what time out the agent.
@@ -100,6 +108,9 @@ class LocalActuator:
             phase = GangPhase.READY if len(up) == size else GangPhase.PENDING
             reason = ""
             dead = [n for n in nodes if not n.alive]
+            drained = name in self._drained or any(n.state == "DRAINING" for n in nodes)
+            if drained:
+                phase, dead = GangPhase.READY, []
             if launch and launch.error:
                 phase, reason = GangPhase.FAILED, launch.error
             elif dead and not (launch and not launch.done):  # while launching, the launcher restarts it
@@ -109,7 +120,8 @@ class LocalActuator:
                             float(lb.get(LABEL_CREATED, now)), reason=reason,
                             node_ids=tuple(str(n.ray_node_id) for n in up),
                             since_s=self._phase_since(name, phase, now),
-                            slot=int(lb[LABEL_GANG_SLOT]) if lb.get(LABEL_GANG_SLOT, "").isdigit() else None))
+                            slot=int(lb[LABEL_GANG_SLOT]) if lb.get(LABEL_GANG_SLOT, "").isdigit() else None,
+                            draining=drained))
         # Launches with no node started yet (in their delay, or failed before any node came up).
         for name, la in sorted(launching.items()):
             if name in members or name in deleting:
@@ -174,6 +186,17 @@ class LocalActuator:
                     and lb.get(LABEL_GANG_SLOT, "").isdigit():
                 held.add(int(lb[LABEL_GANG_SLOT]))
         return min(set(range(len(held) + 1)) - held)
+
+    def drain_gang(self, name: str) -> None:
+        """Drain every member through the GCS (reason preemption, LocalActuatorConfig.drain_deadline_s as
+        its deadline): Serve starts each replica's replacement on another node before it stops the old one."""
+        with self._lock:
+            if name in self._drained or name in self._deleting:
+                return
+            self._drained.add(name)
+        for n in self.cluster.nodes():
+            if n.labels.get(LABEL_OWNER) == OWNER and n.labels.get(LABEL_GANG) == name and n.alive:
+                self.cluster.drain_node(n.id, deadline_s=self.config.drain_deadline_s, reason=f"rayscale drain {name}")
 
     def delete_gang(self, name: str) -> None:
         with self._lock:
@@ -287,3 +310,4 @@ class LocalActuator:
             with self._lock:
                 self._launching.pop(name, None)
                 self._deleting.discard(name)
+                self._drained.discard(name)

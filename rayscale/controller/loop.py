@@ -188,7 +188,8 @@ class Controller:
 
         s = time.perf_counter()
         view = ServeView(serve.target, serve.running, serve.serving) if serve.ok else None
-        result = step(StepContext(t0, self.catalog, signals, tuple(gangs), view, cfg, self.state))
+        result = step(StepContext(t0, self.catalog, signals, tuple(gangs), view, cfg, self.state,
+                                  self.actuator.can_drain))
         self.state = result.state
         dur["step"] = (time.perf_counter() - s) * 1000
 

@@ -5,7 +5,10 @@ controller that rebuilt its view from the cluster (ownership labels) decides the
 Ordering rules (DESIGN.md): provision whole gangs first, then add Serve replicas; drain Serve replicas
 first, then release gangs that serve nothing. A gang not fully up within its launch timeout, or marked
 failed by the cloud (capacity error), is deleted whole and its (flavor, zone, capacity type) backed off,
-so the next plan falls back to another zone or flavor. Never an idle half gang.
+so the next plan falls back to another zone or flavor. Never an idle half gang. Where the provider can
+drain (``can_drain``), a serving gang of a capacity type the plan wants fewer of (spot it no longer counts
+on) is drained once the flavor's other gangs have free slots for its replicas: Serve moves them before it
+stops the old ones, and the drained gang is released once it serves nothing.
 
 Packing: a single-node gang holds ``slots`` replicas (rayscale.core.gangs.GangShape.slots; eight TP=1 on a
 p5.48xlarge). The plan's target is replicas: a key wants ceil(replicas / slots) gangs, so new replicas fill
@@ -58,6 +61,9 @@ class Gang:
     # Its slot among the gangs of its (model, flavor): the Ray node label a multi-node replica's placement
     # group selects (rayscale.serve.config.slot_label_selector). None: the actuator gives none.
     slot: int | None = None
+    # Its nodes were drained (DrainGang): Serve moves its replicas elsewhere and it takes no new ones. A
+    # drain cannot be undone, so the step counts it as gone and releases it once it serves nothing.
+    draining: bool = False
 
     @property
     def phase_since_s(self) -> float:
@@ -87,6 +93,17 @@ class DeleteGang:
 
 
 @dataclass(frozen=True)
+class DrainGang:
+    """Drain every node of the gang through Ray (the GCS's DrainNode, reason preemption): Serve starts a
+    replacement of each replica on it elsewhere and stops the old one once the replacement runs
+    (``migrate_replicas_on_draining_nodes`` in ray/serve/_private/deployment_state.py), so no request is
+    dropped. The gang is released once it serves nothing."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class SetReplicas:
     model: str
     flavor: str
@@ -103,7 +120,7 @@ class BackOff:
     reason: str
 
 
-Action = CreateGang | DeleteGang | SetReplicas | BackOff
+Action = CreateGang | DeleteGang | DrainGang | SetReplicas | BackOff
 
 
 @dataclass(frozen=True)
@@ -134,13 +151,18 @@ def decide(
     settings: ActSettings = ActSettings(),
     serve_serving: dict[tuple[str, str], int] | None = None,
     replica_rps: Mapping[tuple[str, str], float] | None = None,
+    can_drain: bool = False,
 ) -> list[Action]:
     """``serve_running``: replicas that exist (starting and stopping ones too); ``serve_serving``: those that
     take requests (None: the running ones); ``replica_rps``: the plan's req/s of one replica per (model,
-    flavor), so that a drain holds only what stands in for capacity coming up (None: every replica, _kept)."""
+    flavor), so that a drain holds only what stands in for capacity coming up (None: every replica, _kept);
+    ``can_drain``: the provider drains gangs (DrainGang), so a serving gang of an over-planned capacity type
+    is moved onto the flavor's other gangs (_drains) instead of being kept until Serve empties it."""
     serving = serve_running if serve_serving is None else serve_serving
     backoffs = {k for k, until in unavailable.items() if until > now}
     actions, live = _drop_failed(catalog, gangs, backoffs, now, settings)
+    actions += [DeleteGang(g.name, "drained: its replicas moved") for g in live if g.draining and g.serving == 0]
+    live = [g for g in live if not g.draining]
 
     by_key: dict[Key, list[Gang]] = defaultdict(list)
     for g in live:
@@ -149,16 +171,7 @@ def decide(
     slots = _slots(catalog, {(k[0], k[1]) for k in set(target) | set(by_key)})
     gangs_wanted = {k: -(-n // slots[(k[0], k[1])]) for k, n in target.items()}
 
-    # Serve places a model's replicas on any ready node of the flavor, whatever its capacity type: gangs are
-    # counted per (model, flavor) too, so a flavor never holds more gangs than its replicas can use (else an
-    # on-demand gang serving where the plan wanted spot leaves a spot gang idle, held and never released).
-    room: dict[tuple[str, str], int] = defaultdict(int)
-    for key, n in gangs_wanted.items():
-        room[(key[0], key[1])] += n
-    for g in live:
-        room[(g.model, g.flavor)] -= 1
-
-    creates = _create_gangs(catalog, target, gangs, by_key, gangs_wanted, room, backoffs)
+    creates = _create_gangs(catalog, target, gangs, by_key, gangs_wanted, _room(gangs_wanted, live), backoffs)
     actions += creates
     pending_models |= {a.model for a in creates}
 
@@ -166,23 +179,77 @@ def decide(
     flavors_of: dict[tuple[str, str], list[Key]] = defaultdict(list)
     for key in set(target) | set(by_key):
         flavors_of[(key[0], key[1])].append(key)
-    # Only deployments of models and flavors this controller owns: other apps' replicas are not ours.
+    desired = _desired(catalog, target, by_key, flavors_of, serve_target, slots)
+    coming = _coming(desired, serving)
+    for mf, (n, want, ready) in desired.items():
+        keep = _kept(mf, n, serve_target.get(mf, 0), coming.get(mf[0], {}), mf[0] in pending_models,
+                     replica_rps)
+        if can_drain:
+            actions += _drains(flavors_of.get(mf, []), by_key, gangs_wanted, keep, slots.get(mf, 1))
+        actions += _set_replicas(mf, n, keep, want, ready, serve_target.get(mf, 0), slots.get(mf, 1))
+        actions += _release(mf, flavors_of.get(mf, []), by_key, target, gangs_wanted,
+                            serve_running.get(mf, 0) <= keep, -(-keep // slots.get(mf, 1)), can_drain)
+    return actions
+
+
+def _room(gangs_wanted: dict[Key, int], live: list[Gang]) -> dict[tuple[str, str], int]:
+    """Gangs each (model, flavor) may still order. Serve places a model's replicas on any ready node of the
+    flavor, whatever its capacity type: gangs are counted per (model, flavor) too, so a flavor never holds
+    more gangs than its replicas can use (else an on-demand gang serving where the plan wanted spot leaves a
+    spot gang idle, held and never released)."""
+    room: dict[tuple[str, str], int] = defaultdict(int)
+    for key, n in gangs_wanted.items():
+        room[(key[0], key[1])] += n
+    for g in live:
+        room[(g.model, g.flavor)] -= 1
+    return room
+
+
+def _desired(catalog: Catalog, target: dict[Key, int], by_key: dict[Key, list[Gang]],
+             flavors_of: dict[tuple[str, str], list[Key]], serve_target: dict[tuple[str, str], int],
+             slots: dict[tuple[str, str], int]) -> dict[tuple[str, str], tuple[int, int, int]]:
+    """Per (model, flavor): (replicas Serve should run, replicas planned, ready gangs). Only deployments of
+    models and flavors this controller owns: other apps' replicas are not ours."""
     owned = {mf for mf in serve_target if mf[0] in catalog.models and mf[1] in catalog.models[mf[0]].parallelism}
-    # (replicas Serve should run, replicas planned, ready gangs)
     desired: dict[tuple[str, str], tuple[int, int, int]] = {}
     for mf in sorted(set(flavors_of) | owned):
         keys = flavors_of.get(mf, [])
         want = sum(target.get(k, 0) for k in keys)
         ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
         desired[mf] = (min(want, ready * slots.get(mf, 1)), want, ready)
-    coming = _coming(desired, serving)
-    for mf, (n, want, ready) in desired.items():
-        keep = _kept(mf, n, serve_target.get(mf, 0), coming.get(mf[0], {}), mf[0] in pending_models,
-                     replica_rps)
-        actions += _set_replicas(mf, n, keep, want, ready, serve_target.get(mf, 0), slots.get(mf, 1))
-        actions += _release(mf, flavors_of.get(mf, []), by_key, target, gangs_wanted,
-                            serve_running.get(mf, 0) <= keep, -(-keep // slots.get(mf, 1)))
-    return actions
+    return desired
+
+
+def _over(keys: list[Key], by_key: dict[Key, list[Gang]], gangs_wanted: dict[Key, int]) -> set[Key]:
+    """The capacity types of one (model, flavor) that hold more gangs than the plan wants."""
+    return {k for k in keys if len(by_key.get(k, [])) > gangs_wanted.get(k, 0)}
+
+
+def _drains(keys: list[Key], by_key: dict[Key, list[Gang]], gangs_wanted: dict[Key, int], serve_n: int,
+            slots: int) -> list[Action]:
+    """Serving gangs of over-planned capacity types (spot the plan no longer counts on) drained where their
+    replicas fit: free slots of the (model, flavor)'s other ready gangs that Serve's target ``serve_n`` does
+    not fill. Serve moves each replica before it stops the old one. At most each key's surplus; the gangs
+    that serve fewest replicas first, then the newest. A lower target alone moves nothing: Serve stops the
+    replicas it picks, and the gangs they leave idle are the free slots of the next period."""
+    over = _over(keys, by_key, gangs_wanted)
+    ready = [g for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY]
+    free = sum(slots - g.serving for g in ready if g.key not in over)
+    free -= max(0, serve_n - sum(g.serving for g in ready))  # slots Serve's own target still fills
+    out: list[Action] = []
+    for key in sorted(over):
+        surplus = len(by_key[key]) - gangs_wanted.get(key, 0)
+        # One node only: a multi-node replica's placement group selects its gang's slot label
+        # (rayscale.serve.config.slot_label_selector), so Serve could not place its replacement elsewhere.
+        movable = sorted((g for g in by_key[key] if g.phase == GangPhase.READY and g.serving > 0 and g.nodes == 1),
+                         key=lambda g: (g.serving, -g.created_s, g.name))
+        for g in movable[:surplus]:
+            if g.serving > free:
+                break
+            free -= g.serving
+            out.append(DrainGang(g.name, f"plan wants {gangs_wanted.get(key, 0)} gang(s) of {key[2]}; "
+                                         f"moving its {g.serving} replica(s) to free slots of the flavor"))
+    return out
 
 
 def _coming(desired: dict[tuple[str, str], tuple[int, int, int]],
@@ -305,19 +372,25 @@ def _slots(catalog: Catalog, pairs: set[tuple[str, str]]) -> dict[tuple[str, str
 
 
 def _release(mf: tuple[str, str], keys: list[Key], by_key: dict[Key, list[Gang]], target: dict[Key, int],
-             gangs_wanted: dict[Key, int], drained: bool, held: int) -> list[Action]:
+             gangs_wanted: dict[Key, int], drained: bool, held: int, can_drain: bool = False) -> list[Action]:
     """Surplus gangs of one (model, flavor), beyond those the plan wants and those ``held`` for the replicas
     Serve keeps: pending ones of over-planned capacity types first (nothing runs there), then, once Serve
     runs no more than it keeps (``drained``), ready ones that serve nothing, those of over-planned capacity
     types first, newest first. A gang that still serves a replica is never released:
-    Serve empties whole nodes on a scale-down (the module docstring says how)."""
+    Serve empties whole nodes on a scale-down (the module docstring says how). With ``can_drain``, idle
+    gangs the plan wants stay while serving gangs of over-planned types are to move onto them (_drains)."""
     have = [g for k in keys for g in by_key.get(k, [])]
     surplus = len(have) - max(sum(gangs_wanted.get(k, 0) for k in keys), held)
     if surplus <= 0:
         return []
-    over = {k for k in keys if len(by_key.get(k, [])) > gangs_wanted.get(k, 0)}
+    over = _over(keys, by_key, gangs_wanted)
     pending = [g for g in have if g.phase == GangPhase.PENDING and g.key in over]
     idle = sorted((g for g in have if g.phase == GangPhase.READY and g.serving == 0),
                   key=lambda g: (g.key not in over, -g.created_s, g.name)) if drained else []
+    if can_drain:
+        moving = sum(1 for g in have if g.key in over and g.phase == GangPhase.READY and g.serving > 0
+                     and g.nodes == 1)
+        wanted_idle = [g for g in idle if g.key not in over]
+        idle = [g for g in idle if g.key in over] + wanted_idle[:max(0, surplus - moving)]
     return [DeleteGang(g.name, f"plan wants {target.get(g.key, 0)} x {g.capacity_type}; drained")
             for g in (sorted(pending, key=lambda g: (-g.created_s, g.name)) + idle)[:surplus]]

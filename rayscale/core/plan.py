@@ -46,6 +46,13 @@ from rayscale.core.spot import availability
 Key = tuple[str, str, str]  # (model, flavor, capacity type)
 ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
 
+# A spot gang counted for nothing is dropped (and its replicas moved) only where one interruption of it puts
+# this many times the outage budget at risk. The risk rises as the need dips, so at 1x spot ordered for a
+# rise was cancelled at the next dip; and a gang just over the budget still serves most of the time:
+# dropped at 1x, the Azure code trace x3 at 1 notice per node-hour met 98.4% where keeping it met 99.3%
+# (bench/results/spot_zombies.md; at 2x, 99.4%).
+SPOT_DROP_OVER_BUDGET = 2.0
+
 
 class SolverChoice(StrEnum):
     """Which solver plans (PlannerSettings.solver); settings files name it by its value."""
@@ -90,8 +97,9 @@ class PlannerSettings:
     # than this share of the model's requests at risk: rate x nodes x replacement lead time x the share of
     # the model's need one gang carries. The availability discount counts a spot replica at its average
     # capacity; a small fleet that loses one of its two replicas misses the SLO for the whole lead time.
-    # Running spot gangs over it (ordered before the rate was learned) are kept but count for nothing, so
-    # on-demand capacity comes up beside them before they go (_counted).
+    # Running spot gangs over it (ordered before the rate was learned) count for nothing, so on-demand
+    # capacity comes up beside them before they go (_counted); where gangs can be drained the plan drops
+    # them once that capacity is planned, and the act step moves their replicas onto it once it is up.
     spot_outage_budget: float = 0.005
     # Scale up only when the demand exceeds what runs by more than this share (Kubernetes' HPA skips a
     # change within its 10% tolerance). The capacity a replica is counted at moves a few percent from window
@@ -270,6 +278,9 @@ class _Build:
     shapes: Shapes = field(default_factory=dict)
     spot_rates: Mapping[str, float] = field(default_factory=dict)  # flavor -> interruptions per node-hour
     world: Mapping[Key, int] = field(default_factory=dict)  # replicas the gangs that stand hold
+    # Replicas serving on ready gangs per offering, where the provider can move them (rayscale.core.act.
+    # DrainGang); None: it cannot.
+    serving: Mapping[Key, int] | None = None
 
 
 def plan(
@@ -281,18 +292,21 @@ def plan(
     memory: PlannerMemory | None = None,
     settings: PlannerSettings = PlannerSettings(),
     spot_rates: Mapping[str, float] | None = None,
+    serving: Mapping[Key, int] | None = None,
 ) -> tuple[Plan, PlannerMemory]:
     """The plan and the planner's new memory (module docstring). Stages: what each model converges to;
     per model, its stability rule, offerings and need (_add_model); solve; keep scale-downs to dropping
     replicas unless moving saves enough; serve what limits leave unmet best effort; entries, timers and
     shortfalls. ``spot_rates`` (flavor -> interruptions per node-hour, rayscale.core.spot) discount what a
-    spot replica is worth."""
+    spot replica is worth; ``serving`` (replicas serving on ready gangs, where the provider can move them):
+    spot that counts for nothing is dropped once the ready rest covers the need (the act step moves its
+    replicas first)."""
     world = {k: v for k, v in (current or {}).items() if v > 0}
     memory = memory or PlannerMemory()
     blocked = _blocked(catalog, unavailable or {}, now)
     current = _converging(world, memory.targets, blocked)
     b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s),
-               spot_rates=spot_rates or {}, world=world)
+               spot_rates=spot_rates or {}, world=world, serving=serving)
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
@@ -434,12 +448,25 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
                 b.why[name] = (f"{b.why.get(name, '')}; no new spot {fname}, and the running ones count for "
                                f"nothing: one interrupted gang would put {risk:.1%} of requests at risk")
                 ub = min(ub, have, b.world.get((name, fname, ctv), 0))
-                lb = min(lb, ub)
+                # Dropped once the rest of the ready fleet covers the need: its replicas move onto it
+                # (act._drains), and nothing new is ordered for them (SPOT_DROP_OVER_BUDGET says when).
+                drop = risk > SPOT_DROP_OVER_BUDGET * b.settings.spot_outage_budget and mode != Mode.UP
+                lb = 0 if drop and _ready_covers(b, name, caps, need_rps) else min(lb, ub)
             if ub <= 0 and have == 0:
                 continue
             b.offers.append(_Offer(name, fname, ct, price, cap * worth, devices, shape.nodes, lb, ub, unit,
                                    shape.slots, have))
     return slots
+
+
+def _ready_covers(b: _Build, model: str, caps: dict[str, ReplicaCapacity], need_rps: float) -> bool:
+    """The model's replicas serving on ready gangs, each at what it counts for (_counted), cover the need;
+    False where the provider cannot move replicas (``_Build.serving`` None)."""
+    if b.serving is None:
+        return False
+    have = sum(n * caps[f].rps * _counted(b, model, f, ct, caps[f].rps, need_rps)[0]
+               for (m, f, ct), n in b.serving.items() if m == model and f in caps)
+    return have >= need_rps
 
 
 def _spot_exposure(b: _Build, model: str, flavor: str, capacity_type: str) -> tuple[float, int, float]:

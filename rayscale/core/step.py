@@ -72,6 +72,9 @@ class StepContext:
     serve: ServeView | None  # None: Serve's state is unknown, so nothing is changed
     settings: Settings
     state: StepState = field(default_factory=StepState)
+    # The provider drains gangs (rayscale.core.act.DrainGang): spot the plan no longer counts on is moved onto
+    # on-demand capacity and released, not kept until a scale-down or an interruption takes it.
+    can_drain: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,22 +100,25 @@ def step(ctx: StepContext) -> StepResult:
     demands = _with_feedback(demands, before, cfg, ctx.now, signals)
     demands = _with_rise(demands, signals, cfg, horizon_s)
     current: dict[Key, int] = {}
+    ready_serving: dict[Key, int] = {}
     for g in ctx.gangs:
-        if g.phase != GangPhase.FAILED:
+        if g.phase != GangPhase.FAILED and not g.draining:
             # The plan counts replicas: a gang holds as many as Serve runs on it (several on a packed node),
             # and at least the one it was ordered for.
             current[g.key] = current.get(g.key, 0) + max(g.serving, 1)
+            if g.phase == GangPhase.READY:
+                ready_serving[g.key] = ready_serving.get(g.key, 0) + g.serving
     unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
     spot = observe(state.spot, ctx.gangs, ctx.now, cfg.spot)
     result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner,
-                          rates(spot, cfg.spot, catalog.flavors))
+                          rates(spot, cfg.spot, catalog.flavors), ready_serving if ctx.can_drain else None)
     record = _delivered(ctx, before, signals, result, demands)
     actions: tuple[Action, ...] = ()
     if ctx.serve is not None:
         serving = ctx.serve.running if ctx.serve.serving is None else ctx.serve.serving
         actions = tuple(decide(catalog, result.target(), list(ctx.gangs), dict(ctx.serve.target),
                                dict(ctx.serve.running), unavailable, ctx.now, cfg.act, dict(serving),
-                               result.replica_rps()))
+                               result.replica_rps(), ctx.can_drain))
     for a in actions:
         if isinstance(a, BackOff):
             unavailable[(a.flavor, a.zone, a.capacity_type)] = a.until_s

@@ -138,6 +138,7 @@ class Replica:
     state: GangState
     t_start: float
     engine_rid: int | None = None
+    migrating: bool = False  # LIVE on a drained gang: serves until Serve's replacement runs
 
 
 @dataclass
@@ -161,6 +162,7 @@ class Gang:
     deleted: bool = False  # the controller deleted it; it only finishes draining
     t_phase: float = 0.0  # when it entered its current phase (the controller's launch timeout counts from it)
     replicas: list[Replica] = field(default_factory=list)  # a named gang's Serve replicas (at most shape.slots)
+    draining: bool = False  # the controller drained its nodes: Serve moves its replicas off, places none on it
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,7 @@ class Cluster:
         self.by_name: dict[str, Gang] = {}
         self.replicas: dict[int, Replica] = {}  # named gangs' replicas by id
         self._rdraining: set[int] = set()
+        self._migrating: dict[str, int] = {}  # flavor -> replicas on drained gangs waiting for replacements
         # Spot notices that took a serving replica away, and how long each took to be made good: the next
         # replica to go live after a notice counts as its replacement.
         self._lost_at: list[float] = []
@@ -489,6 +492,22 @@ class Cluster:
         self._unplace(g, now)  # live replicas drain, then _replica_drained stops the gang
         self._place(g.flavor, now)
 
+    def drain_named(self, name: str, now: float) -> None:
+        """The controller drains a gang's nodes (Ray's DrainNode): Serve cancels the replicas starting there and
+        marks the live ones for migration; they serve until replacements elsewhere run
+        (``migrate_replicas_on_draining_nodes`` in ray/serve/_private/deployment_state.py)."""
+        g = self.by_name.get(name)
+        if g is None or g.draining:
+            return
+        g.draining = True
+        for r in list(g.replicas):
+            if r.state == GangState.STARTING:
+                self._forget(r, now)
+            elif r.state == GangState.LIVE:
+                r.migrating = True
+                self._migrating[g.flavor] = self._migrating.get(g.flavor, 0) + 1
+        self._place(g.flavor, now)
+
     def set_serve_target(self, flavor: str, n: int, now: float, instant: bool = False) -> None:
         """Serve's replica target for a flavor; ``instant``: replicas already loaded (a warm start)."""
         self.serve_target[flavor] = n
@@ -503,9 +522,12 @@ class Cluster:
         picks them: starting ones first (newest first), then live ones on the gangs with the fewest live
         replicas, newest first; live ones drain."""
         want = self.serve_target.get(flavor, 0)
-        held = [g for g in self.named() if g.flavor == flavor and not g.failed and g.state == GangState.READY]
+        held = [g for g in self.named() if g.flavor == flavor and not g.failed and g.state == GangState.READY
+                and not g.draining]
         active = [r for g in held for r in g.replicas if r.state in (GangState.STARTING, GangState.LIVE)]
         add = want - len(active)
+        if self._migrating.get(flavor):
+            self._stop_migrated(flavor, want, active, now)
         if add > 0:
             for g in sorted(held, key=lambda g: (-len(g.replicas), g.t_phase, g.id)):
                 while add > 0 and len(g.replicas) < g.shape.slots:
@@ -517,6 +539,17 @@ class Cluster:
         live = sorted((r for r in active if r.state == GangState.LIVE),
                       key=lambda r: (live_on[r.gang], r.gang, -r.t_start, -r.id))
         for r in (starting + live)[: max(-add, 0)]:
+            self._stop_replica(r, now)
+
+    def _stop_migrated(self, flavor: str, want: int, active: list[Replica], now: float) -> None:
+        """Serve stops replicas marked for migration once the running ones and they exceed its target (the
+        replacements run), oldest first; each drains its requests."""
+        migrating = sorted((r for g in self.named() if g.flavor == flavor for r in g.replicas
+                            if r.migrating and r.state == GangState.LIVE), key=lambda r: (r.t_start, r.id))
+        running = sum(1 for r in active if r.state == GangState.LIVE)
+        for r in migrating[:max(0, running + len(migrating) - want)]:
+            r.migrating = False
+            self._migrating[flavor] -= 1
             self._stop_replica(r, now)
 
     def _unplace(self, g: Gang, now: float, linger: bool = True) -> None:
@@ -552,6 +585,8 @@ class Cluster:
             node.image_cached = True
             if node.serve_since is None:
                 node.serve_since = now
+        if self._migrating.get(g.flavor):
+            self._place(g.flavor, now)  # a replacement runs: Serve stops what it replaces
 
     def _replaced(self, now: float) -> None:
         if self._lost_at:
@@ -570,6 +605,11 @@ class Cluster:
 
     def _forget(self, r: Replica, now: float) -> None:
         """A replica gone from its gang (stopped, drained or killed with its nodes)."""
+        if r.migrating:
+            r.migrating = False
+            g0 = self.gangs.get(r.gang)
+            if g0 is not None:
+                self._migrating[g0.flavor] -= 1
         if r.engine_rid is not None and r.state in (GangState.LIVE, GangState.DRAINING):
             self.engine.kill(r.engine_rid, now)
         r.state = GangState.STOPPED

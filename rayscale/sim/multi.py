@@ -132,6 +132,8 @@ class FleetProvider(SimulatedServe):
     """One provider over every model's simulated cloud: the controller's single actuator and Serve view,
     each gang and replica target routed to its model's ``SimProvider``."""
 
+    can_drain = True
+
     def __init__(self, providers: Mapping[str, SimProvider]) -> None:
         self.providers = dict(providers)
 
@@ -148,6 +150,10 @@ class FleetProvider(SimulatedServe):
     def delete_gang(self, name: str) -> None:
         for p in self.providers.values():  # idempotent: only the cloud holding the name acts
             p.delete_gang(name)
+
+    def drain_gang(self, name: str) -> None:
+        for p in self.providers.values():
+            p.drain_gang(name)
 
     def serve_view(self) -> ServeView:
         target: dict[tuple[str, str], int] = {}
@@ -213,7 +219,7 @@ class FleetController:
         assert self.provider is not None
         self.provider.set_now(now)
         ctx = StepContext(now, self.catalog, signals, tuple(self.provider.gangs(now)), self.provider.serve_view(),
-                          self.settings, self.state)
+                          self.settings, self.state, self.provider.can_drain)
         result = step(ctx)
         self.state = result.state
         self.created.extend(a for a in result.actions if isinstance(a, CreateGang))

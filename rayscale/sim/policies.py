@@ -158,7 +158,7 @@ class RayscalePolicy(Policy):
         assert provider is not None
         provider.now = now
         ctx = StepContext(now, sim.catalog, {sim.model: signals}, tuple(provider.gangs(now)),
-                          provider.serve_view(), self.settings, self.state)
+                          provider.serve_view(), self.settings, self.state, provider.can_drain)
         result = step(ctx)
         self.state, self.last = result.state, result
         if warm:  # the fleet this load needs, already up and serving at t=0

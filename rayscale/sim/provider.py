@@ -3,8 +3,8 @@
 It implements ``rayscale.cluster.actuator.Actuator`` over ``rayscale.sim.cloud.Cluster``'s named gangs, plus the
 Serve side the controller reads and sets (``ServeView``, ``set_replicas``), so the simulator runs the product's
 own ``rayscale.core.step.step`` and applies its actions the way the controller does
-(``rayscale.cluster.actuator.apply_actions``): launch timeouts, back-offs, make-before-break and drain order
-are the product's, not a second copy. A gang reports as ``serving`` the Serve replicas on it (a packed gang
+(``rayscale.cluster.actuator.apply_actions``): launch timeouts, back-offs, make-before-break, drain order and
+gang drains (Serve's replica migration) are the product's, not a second copy. A gang reports as ``serving`` the Serve replicas on it (a packed gang
 holds up to its shape's slots; rayscale.sim.cloud places them as Serve does).
 
 What the cloud does on its own follows Karpenter's AWS provider: a capacity error fails the gang (the claim
@@ -36,6 +36,8 @@ class SimulatedServe:
 
 
 class SimProvider(SimulatedServe):
+    can_drain = True  # Serve in the simulated cloud moves a drained gang's replicas (Cluster.drain_named)
+
     def __init__(self, cluster: Cluster, model: str) -> None:
         self.cluster = cluster
         self.model = model
@@ -52,7 +54,7 @@ class SimProvider(SimulatedServe):
                 name=g.name, model=self.model, flavor=g.flavor, capacity_type=g.capacity_type, zone=g.zone or "",
                 instance_type=g.shape.instance_type, nodes=g.shape.nodes, phase=phase, created_s=g.t_created,
                 serving=len(g.replicas), reason=g.failed,
-                node_ids=tuple(str(n.id) for n in g.nodes if n.t_ready is not None),
+                node_ids=tuple(str(n.id) for n in g.nodes if n.t_ready is not None), draining=g.draining,
             ))
         return out
 
@@ -61,6 +63,9 @@ class SimProvider(SimulatedServe):
 
     def delete_gang(self, name: str) -> None:
         self.cluster.delete_named(name, self.now)
+
+    def drain_gang(self, name: str) -> None:
+        self.cluster.drain_named(name, self.now)
 
     def serve_view(self) -> ServeView:
         running: dict[tuple[str, str], int] = {}

@@ -24,7 +24,7 @@ from rayscale_testing.waits import wait_for
 from rayscale.cluster.actuator import LABEL_CREATED, LABEL_GANG, LABEL_MODEL, LABEL_OWNER, LABEL_SIZE, OWNER
 from rayscale.cluster.local import PAUSE_ENV, LocalCluster, LocalClusterConfig, LocalClusterError
 from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-from rayscale.core.act import GangPhase
+from rayscale.core.act import CreateGang, GangPhase
 
 ROOT = Path("/tmp/rs-test-local")
 
@@ -253,6 +253,39 @@ def test_actuator_recover_starts_the_rest_of_a_partial_gang(cluster: LocalCluste
         assert sorted(n.id for n in cluster.nodes() if not n.is_head) == ["a100-1", "a100-2"]
         assert act.recover(time.time()) == []  # whole now: nothing to resume
         act.delete_gang("g-a100")
+        wait_for(lambda: [n.id for n in cluster.nodes(include_dead=True)] == ["head"], 60, "the gang to go")
+    finally:
+        act.close()
+
+
+def test_actuator_drains_a_gang_through_ray_and_reads_it_draining_until_deleted(cluster: LocalCluster) -> None:
+    """DrainGang: Ray's DrainNode (reason preemption) marks every member draining; the gang reads READY and
+    draining while work runs there, and still after Ray stops the drained node once idle (its drain done, not
+    a lost node, so no FAILED gang and no back-off)."""
+    act = LocalActuator(cluster, LocalActuatorConfig(max_worker_nodes=3, drain_grace_s=0))
+    try:
+        act.create_gang(CreateGang("g-drain", "m", "a10g", "on-demand", "local", "local-a10g", 1, "test"),
+                        time.time())
+        (gang,) = wait_for(lambda: [g for g in act.gangs(time.time()) if g.phase == GangPhase.READY], 120,
+                           "the gang to be ready")
+        assert not gang.draining
+        driver(cluster.address, """
+            @ray.remote(num_gpus=1, num_cpus=0, lifetime="detached", name="busy", namespace="t")
+            class Busy:
+                def ok(self):
+                    return 1
+            print(json.dumps({"ok": ray.get(Busy.remote().ok.remote(), timeout=60)}))
+            """)
+        act.drain_gang("g-drain")
+        node_id = next(n.id for n in cluster.nodes() if n.labels.get(LABEL_GANG) == "g-drain")
+        wait_for(lambda: cluster.node(node_id).state == "DRAINING", 30, "Ray to mark the node draining")
+        (gang,) = act.gangs(time.time())
+        assert gang.draining and gang.phase == GangPhase.READY and gang.node_ids
+        driver(cluster.address, 'ray.kill(ray.get_actor("busy", namespace="t")); print(json.dumps({}))')
+        wait_for(lambda: not cluster.node(node_id).alive, 60, "Ray to stop the drained node once idle")
+        (gang,) = act.gangs(time.time())
+        assert gang.draining and gang.phase == GangPhase.READY
+        act.delete_gang("g-drain")
         wait_for(lambda: [n.id for n in cluster.nodes(include_dead=True)] == ["head"], 60, "the gang to go")
     finally:
         act.close()

@@ -12,6 +12,7 @@ from rayscale.core.act import (
     BackOff,
     CreateGang,
     DeleteGang,
+    DrainGang,
     Gang,
     GangPhase,
     SetReplicas,
@@ -172,3 +173,46 @@ def test_make_before_break_holds_only_what_the_incoming_capacity_replaces() -> N
     big = {mf: 0.85, (m, "inf2"): 3.7}
     assert not [a for a in decide(CAT, target, world, {mf: 7}, {mf: 7}, {}, now=20.0, replica_rps=big)
                 if isinstance(a, SetReplicas | DeleteGang)]
+
+
+M = ("mistral-7b", "l40s")  # one replica per g6e.xlarge node: a replica can move to any gang of the flavor
+OD, SPOT = (*M, "on-demand"), (*M, "spot")
+
+
+def _node(name: str, key: tuple[str, str, str], serving: int, draining: bool = False) -> Gang:
+    return Gang(name, *key, "us-east-1a", "g6e.xlarge", 1, GangPhase.READY, 0.0, serving, draining=draining)
+
+
+def test_a_drainable_spot_gang_the_plan_dropped_moves_onto_idle_on_demand_before_it_goes() -> None:
+    """The plan wants two on-demand replicas and no spot; Serve runs them on the spot gangs while the two
+    on-demand gangs stand idle. A provider that drains: the spot gangs are drained (Serve moves each replica
+    before it stops the old one) and the idle on-demand gangs are kept for them. One that cannot: the idle
+    on-demand gangs go and the spot ones keep serving, as before."""
+    world = [_node("s0", SPOT, 1), _node("s1", SPOT, 1), _node("o0", OD, 0), _node("o1", OD, 0)]
+    view = ({M: 2}, {M: 2}, {}, 100.0)
+    acts = decide(CAT, {OD: 2}, world, *view, can_drain=True)
+    assert sorted(a.name for a in acts if isinstance(a, DrainGang)) == ["s0", "s1"]
+    assert not [a for a in acts if isinstance(a, DeleteGang | SetReplicas | CreateGang)]
+    old = decide(CAT, {OD: 2}, world, *view)
+    assert sorted(a.name for a in old if isinstance(a, DeleteGang)) == ["o0", "o1"]
+    assert not [a for a in old if isinstance(a, DrainGang)]
+    # Draining: the spot gangs count for nothing (no room, no Serve slot); released once they serve none.
+    world = [_node("s0", SPOT, 1, True), _node("s1", SPOT, 0, True), _node("o0", OD, 1), _node("o1", OD, 0)]
+    acts = decide(CAT, {OD: 2}, world, {M: 2}, {M: 3}, {}, 105.0, can_drain=True)
+    assert acts == [DeleteGang("s1", "drained: its replicas moved")]
+
+
+def test_a_drain_waits_for_a_free_slot_and_a_lower_target_moves_nothing_itself() -> None:
+    # No free on-demand slot yet (the replacement is still coming up): nothing moves.
+    world = [_node("s0", SPOT, 1), _node("o0", OD, 1), Gang("o1", *OD, "us-east-1b", "g6e.xlarge", 1,
+                                                            GangPhase.PENDING, 0.0, 0)]
+    assert not [a for a in decide(CAT, {OD: 2}, world, {M: 2}, {M: 2}, {}, 10.0, can_drain=True)
+                if isinstance(a, DrainGang)]
+    # A scale-down only lowers Serve's target: Serve stops the replica it picks.
+    world = [_node("s0", SPOT, 1), _node("o0", OD, 1), _node("o1", OD, 1)]
+    acts = decide(CAT, {OD: 2}, world, {M: 3}, {M: 3}, {}, 20.0, can_drain=True)
+    assert acts == [SetReplicas(*M, 2, "drain to 2: plan wants 2")]
+    # It picked an on-demand one: that gang is kept for the spot replica, which is drained onto it.
+    world = [_node("s0", SPOT, 1), _node("o0", OD, 1), _node("o1", OD, 0)]
+    acts = decide(CAT, {OD: 2}, world, {M: 2}, {M: 2}, {}, 25.0, can_drain=True)
+    assert [(type(a).__name__, a.name) for a in acts] == [("DrainGang", "s0")]  # type: ignore[union-attr]

@@ -137,6 +137,26 @@ def test_a_kept_spot_gang_over_the_outage_budget_counts_for_nothing_and_on_deman
     assert replicas(mild, "on-demand") == (1, 1) and replicas(mild, "spot") == (1, 1)
 
 
+def test_a_spot_gang_counted_for_nothing_is_dropped_once_the_ready_rest_covers_the_need_and_can_move() -> None:
+    """Where the provider drains gangs (``serving`` given: replicas on ready gangs), the plan drops the spot
+    gang it counts for nothing once the on-demand replicas that serve cover the need; the act step moves its
+    replica first (rayscale.core.act._drains). Not while the on-demand stand-in is still coming up, and not
+    where gangs cannot be moved."""
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    od, spot = ("mistral-7b", "l40s", "on-demand"), ("mistral-7b", "l40s", "spot")
+    running = {od: 2, spot: 1}
+
+    def spot_target(serving: dict[tuple[str, str, str], int] | None) -> int:
+        p, _ = plan(cat, _demand(cat, 12.0), running, settings=Settings().planner, spot_rates={"l40s": 0.44},
+                    serving=serving)
+        assert "the running ones count for nothing" in p.entries[0].reason
+        return p.replicas("mistral-7b", "l40s") - sum(e.replicas for e in p.entries if e.capacity_type == od[2])
+
+    assert spot_target({od: 2, spot: 1}) == 0
+    assert spot_target({od: 1, spot: 1}) == 1  # one on-demand replica is not up yet: the spot one serves on
+    assert spot_target(None) == 1
+
+
 def test_the_step_learns_an_interruption_from_the_gangs_it_sees_and_keeps_it_in_its_state() -> None:
     cat = load_catalog().subset(["mistral-7b"], ["l40s"])
     sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 3.0, MIX, waiting=0.0)

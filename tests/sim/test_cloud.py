@@ -213,3 +213,33 @@ def test_a_noticed_spot_gang_is_reported_failed_until_the_controller_deletes_it(
     assert g.phase == GangPhase.FAILED and "spot interruption notice" in g.reason and g.serving == 0
     prov.delete_gang(g.name)
     assert prov.gangs(t) == []
+
+
+def test_a_drained_gang_keeps_serving_until_its_replacement_runs_then_serve_stops_it():
+    """Serve's migration (migrate_replicas_on_draining_nodes in ray/serve/_private/deployment_state.py): the
+    replica on the drained gang serves on while a replacement starts on another gang of the flavor; once that
+    one runs, the old one drains and its gang serves nothing."""
+    from rayscale.sim.provider import SimProvider
+
+    cl, _ = cluster("mistral-7b", ("a10g",))
+    prov = SimProvider(cl, "mistral-7b")
+    cl.create_named("spot", "a10g", "spot", "us-east-1a", 0.0, warm=True)
+    cl.set_serve_target("a10g", 1, 0.0, instant=True)
+    cl.create_named("od", "a10g", "on-demand", "us-east-1b", 0.0, warm=True)
+    assert {g.name: g.serving for g in prov.gangs(0.0)} == {"spot": 1, "od": 0}
+    prov.now = 1.0
+    prov.drain_gang("spot")
+    gangs = {g.name: g for g in prov.gangs(1.0)}
+    assert gangs["spot"].draining and gangs["spot"].serving == 1 and gangs["od"].serving == 1
+    assert prov.serve_view().serving == {("mistral-7b", "a10g"): 1}  # the old one serves, the new one starts
+    t, lowest = 1.0, 1
+    while {g.name: g.serving for g in prov.gangs(t)}["spot"] > 0:
+        assert t < 3600, "the drained gang never emptied"
+        t += 1.0
+        cl.advance(t)
+        lowest = min(lowest, prov.serve_view().serving.get(("mistral-7b", "a10g"), 0))
+    assert lowest == 1  # never a moment without a serving replica
+    cl.advance(t + 1.0)
+    gangs = {g.name: g for g in prov.gangs(t + 1.0)}
+    assert gangs["spot"].serving == 0 and gangs["od"].serving == 1 and cl.serve_target == {"a10g": 1}
+    assert prov.serve_view().serving == {("mistral-7b", "a10g"): 1}

@@ -250,6 +250,12 @@ class _View:
 class KubeActuator:
     """The Actuator protocol over the official ``kubernetes`` client (see the module docstring)."""
 
+    # No Ray drain here yet: deleting a claim evicts its Ray pod, which kills the replica's in-flight
+    # requests, so the step never moves serving gangs through this provider (spot that counts for nothing
+    # stays until a scale-down or an interruption takes it). Draining needs the pod's Ray node id and a
+    # GCS client to the driven cluster's head.
+    can_drain = False
+
     def __init__(self, catalog: Catalog, api_client: Any, config: KubeActuatorConfig | None = None,
                  *, seed: int | None = None) -> None:
         self.catalog = catalog
@@ -431,6 +437,9 @@ class KubeActuator:
         for c in self._list_claims(f"{OWNED},{LABEL_GANG}={name}"):
             if ANN_DELETING not in _annotations(c):
                 self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DELETING: "true"}}})
+
+    def drain_gang(self, name: str) -> None:
+        raise NotImplementedError(f"KubeActuator cannot drain gang {name}: can_drain is False")
 
     def close(self) -> None:
         pass
