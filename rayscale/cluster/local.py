@@ -163,6 +163,8 @@ class LocalNode:
     temp_dir: str
     log: str
     node_ip: str = ""  # the address Ray knows the node by
+    # Ray ended it after a drain (its death reason AUTOSCALER_DRAIN_PREEMPTED): it was let go, not lost.
+    drained: bool = False
 
     @property
     def alive(self) -> bool:
@@ -707,6 +709,8 @@ class LocalCluster:
                 "start_ms": info.start_time_ms,
                 "resources": dict(info.resources_total),
                 "labels": dict(info.labels),
+                "drained": not alive and info.HasField("death_info")
+                and info.death_info.Reason.Name(info.death_info.reason) == "AUTOSCALER_DRAIN_PREEMPTED",
             }
             prev = out.get(name)
             if prev is None or (entry["alive"], entry["start_ms"]) > (prev["alive"], prev["start_ms"]):
@@ -735,6 +739,7 @@ class LocalCluster:
             temp_dir=rec.temp_dir,
             log=rec.log,
             node_ip=rec.node_ip or self.config.node_ip,
+            drained=bool(info and info.get("drained")),
         )
 
     def _lock(self) -> contextlib.AbstractContextManager[None]:

@@ -73,8 +73,8 @@ class LocalActuator:
         self._launching: dict[str, _Launch] = {}
         self._deleting: set[str] = set()
         # Gangs this process drained: a drained node's raylet exits once it is idle (Ray's DrainNode), which
-        # is the drain done, not a lost node. Forgotten on a restart: such a gang then reads FAILED and is
-        # deleted whole like any other.
+        # is the drain done, not a lost node. After a restart Ray's death reason says the same
+        # (LocalNode.drained).
         self._drained: set[str] = set()
         self._since: dict[str, tuple[GangPhase, float]] = {}  # gang -> (phase, entered at), once ready
         self._threads: list[threading.Thread] = []
@@ -108,7 +108,7 @@ class LocalActuator:
             phase = GangPhase.READY if len(up) == size else GangPhase.PENDING
             reason = ""
             dead = [n for n in nodes if not n.alive]
-            drained = name in self._drained or any(n.state == "DRAINING" for n in nodes)
+            drained = name in self._drained or any(n.state == "DRAINING" or n.drained for n in nodes)
             if drained:
                 phase, dead = GangPhase.READY, []
             if launch and launch.error:

@@ -285,6 +285,10 @@ def test_actuator_drains_a_gang_through_ray_and_reads_it_draining_until_deleted(
         wait_for(lambda: not cluster.node(node_id).alive, 60, "Ray to stop the drained node once idle")
         (gang,) = act.gangs(time.time())
         assert gang.draining and gang.phase == GangPhase.READY
+        # A restarted controller's actuator knows nothing of the drain: Ray's death reason tells it.
+        assert cluster.node(node_id).drained
+        (gang,) = LocalActuator(cluster, LocalActuatorConfig(max_worker_nodes=3)).gangs(time.time())
+        assert gang.draining and gang.phase == GangPhase.READY
         act.delete_gang("g-drain")
         wait_for(lambda: [n.id for n in cluster.nodes(include_dead=True)] == ["head"], 60, "the gang to go")
     finally:
