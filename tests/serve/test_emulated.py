@@ -113,7 +113,10 @@ def test_hundreds_of_concurrent_streams_are_cheap() -> None:
     assert batch < fast.max_num_seqs and batch < 400
     ttfts = sorted(r[0] for r in res)
     wave = 50 * (0.005 + 0.00005 * batch)
-    assert ttfts[batch] - ttfts[batch - 1] > 0.5 * wave, f"request {batch + 1} must wait for a KV slot"
+    # Counted, not indexed: on a busy machine a first-wave stream can see its first token late, and the
+    # boundary of the sorted list then moves by one (CI: request 101 "did not wait", 0.75 s for both).
+    first_wave = sum(1 for t in ttfts if t < ttfts[0] + 0.5 * wave)
+    assert batch // 2 < first_wave <= batch, f"{first_wave} of 400 streams got a first token in the first wave"
     assert 1.5 < wall < 30
     assert cpu < 3.0, f"{cpu:.1f}s of CPU for 400 emulated streams"
 
