@@ -49,8 +49,8 @@ ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
 # A spot gang counted for nothing is dropped (and its replicas moved) only where one interruption of it puts
 # this many times the outage budget at risk. The risk rises as the need dips, so at 1x spot ordered for a
 # rise was cancelled at the next dip; and a gang just over the budget still serves most of the time:
-# dropped at 1x, the Azure code trace x3 at 1 notice per node-hour met 98.4% where keeping it met 99.3%
-# (bench/results/spot_zombies.md; at 2x, 99.4%).
+# dropped at 1x, the Azure code trace x3 at 1 notice per node-hour met 98.4% (a trial of bench.spot_zombies)
+# where keeping it met 99.3%; at 2x, 99.5% (bench/results/spot_zombies.md).
 SPOT_DROP_OVER_BUDGET = 2.0
 
 
@@ -99,7 +99,7 @@ class PlannerSettings:
     # capacity; a small fleet that loses one of its two replicas misses the SLO for the whole lead time.
     # Running spot gangs over it (ordered before the rate was learned) count for nothing, so on-demand
     # capacity comes up beside them before they go (_counted); where gangs can be drained the plan drops
-    # them once that capacity is planned, and the act step moves their replicas onto it once it is up.
+    # them once the ready rest covers the need (SPOT_DROP_OVER_BUDGET), and the act step moves their replicas.
     spot_outage_budget: float = 0.005
     # Scale up only when the demand exceeds what runs by more than this share (Kubernetes' HPA skips a
     # change within its 10% tolerance). The capacity a replica is counted at moves a few percent from window
