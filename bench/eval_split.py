@@ -20,7 +20,9 @@ it from yesterday's logs, which also picks each flavor's prefill chunk), seeds d
 (trace files are resampled per seed, ``Trace.resample``), and steady state warms up on another draw of the
 same traffic (seed + 1000) before the scored one. On-demand capacity only (spot is reported apart).
 ``rayscale, restarted`` (steady state only): the product whose controller restarted 30 min before scoring,
-its state lost (rate history, corrections, SLO feedback's record), the cluster unchanged.
+the cluster unchanged; as the controller does, it reads back the checkpoint it saved in its last period
+(rate history, corrections, SLO feedback's record; rayscale.core.checkpoint). ``rayscale, restarted blind``:
+the same restart with the checkpoint lost.
 
 Splits: ``dev`` is the traffic the shipped settings were tuned on (bench/results/sim_policies.md,
 burst_floor.md, scale_down_moves.md, tune*.md); ``held-out`` is traffic no setting was ever tried on. The two
@@ -57,6 +59,7 @@ from rayscale.sim.trace import Trace
 MODEL = "mistral-7b"
 DECLARED = "rayscale+mix"  # the product with a request_mix declared from another draw of the traffic
 RESTARTED = "rayscale, restarted"  # steady state only: the controller restarted 30 min before scoring
+BLIND = "rayscale, restarted blind"  # ... and its checkpoint was lost
 RESTART_BEFORE_S = 1800.0  # the restarted controller's state is lost this long before scoring
 TRACES = ROOT.parent / "shared" / "traces"
 # (split, label, trace spec, time scale, rate scale)
@@ -100,8 +103,9 @@ def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
     runs: list[tuple[str, Catalog, str | RayscalePolicy]] = [(name, cat, name) for name in POLICIES]
     runs.append((DECLARED, cat.with_request_mix(MODEL, prior), "rayscale"))
-    if steady:  # its state (rate history, corrections, SLO feedback's record) lost; the cluster unchanged
+    if steady:  # reading back its checkpoint, and with it lost; the cluster unchanged
         runs.append((RESTARTED, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S)))
+        runs.append((BLIND, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S, checkpoint_every_s=None)))
     out: list[dict[str, Any]] = []
     for name, catalog, policy in runs:
         t0 = time.perf_counter()
@@ -126,7 +130,7 @@ def table(rows: list[dict[str, Any]], steady: bool) -> str:
             continue
         cv = {r["seed"]: r["usd"] for r in sel if r["policy"] == "clairvoyant"}
         sb = {r["seed"]: r["usd"] for r in sel if r["policy"] == "static-best"}
-        for p in (*POLICIES, DECLARED, RESTARTED):
+        for p in (*POLICIES, DECLARED, RESTARTED, BLIND):
             pr = [r for r in sel if r["policy"] == p]
             if not pr:
                 continue
@@ -148,7 +152,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     cases = sorted({r["case"] for r in rows})
     fig, axes = plt.subplots(2, len(cases), figsize=(3.6 * len(cases), 6.6), squeeze=False)
-    colors = {"rayscale": "tab:red", DECLARED: "tab:orange", RESTARTED: "tab:purple", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
+    colors = {"rayscale": "tab:red", DECLARED: "tab:orange", RESTARTED: "tab:purple", BLIND: "violet", "stock": "tab:blue", "static-best": "tab:gray", "clairvoyant": "k",
               "fluid-bound": "tab:green"}
     for j, case in enumerate(cases):
         for i, steady in enumerate((False, True)):

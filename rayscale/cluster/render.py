@@ -575,6 +575,8 @@ def check_serve_configs(files: dict[str, str]) -> list[str]:
 
 # --- the controller ---------------------------------------------------------------------------------
 
+STATE_CONFIGMAP = "rayscale-controller-state"
+
 # Exactly what KubeActuator calls (a test compares this with the requests it makes).
 CLUSTER_RULES: list[Obj] = [
     {"apiGroups": ["karpenter.sh"], "resources": ["nodeclaims"], "verbs": ["create", "delete", "list", "patch"]},
@@ -593,6 +595,10 @@ NAMESPACE_RULES: list[Obj] = [
     {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["get", "update"]},
     # One writer among the Deployment's replicas (rayscale.cluster.kube.lease).
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update"]},
+    # The controller's checkpoint (rayscale.cluster.kube.checkpoint): its own ConfigMap only, not the
+    # settings' (create cannot be limited to a name).
+    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [STATE_CONFIGMAP], "verbs": ["get", "update"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
 ]
 
 

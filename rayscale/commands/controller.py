@@ -41,6 +41,11 @@ def register(sub: Any) -> None:
                         "--rayservice the driver follows each new cluster there")
     p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
+    p.add_argument("--checkpoint", default=None, metavar="WHERE",
+                   help="where the controller saves its memory every period and reads it back on a restart "
+                        "(rate history, SLO feedback, timers): local: a file (default: controller-checkpoint.json "
+                        "in the cluster root); kube: a ConfigMap in --namespace (default: rayscale-controller-state); "
+                        "'none': a restart starts without history")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--detached", action="store_true",
                    help="local: run as a detached Ray actor on the head node (Ray restarts it if it dies)")
@@ -60,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     import ray
 
     from rayscale.cluster.actuator import Actuator
+    from rayscale.controller.checkpoint import CHECKPOINT_FILE, StateStore
     from rayscale.controller.loop import Controller, ControllerConfig, record_line
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
@@ -86,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: term.set())
     actuator: Actuator
     leader: Callable[[], bool] | None = None  # Kubernetes: the replica holding the Lease acts
+    store: StateStore | None = None  # where the checkpoint is kept (rayscale.controller.checkpoint)
     if args.actuator == "local":
         from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster, LocalClusterError
         from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
@@ -105,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
         for note in local.recover(time.time()):
             print(f"recover: {note}", flush=True)
         actuator = local
+        if args.checkpoint != "none":
+            from rayscale.controller.checkpoint import FileStore
+
+            store = FileStore(args.checkpoint or Path(cluster.root) / CHECKPOINT_FILE)
     else:
         try:
             from kubernetes import client, config
@@ -132,12 +143,18 @@ def run(args: argparse.Namespace) -> int:
 
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
         leader = LeaderElection(client.CoordinationV1Api(client.ApiClient()), args.namespace, identity).hold
+        if args.checkpoint != "none":
+            from rayscale.cluster.kube.checkpoint import ConfigMapStore
+
+            store = ConfigMapStore(client.CoreV1Api(client.ApiClient()), args.namespace,
+                                   **({"name": args.checkpoint} if args.checkpoint else {}))
     follow = args.actuator == "kube" and args.rayservice is not None and not args.ray_address
     if not follow:
         ray.init(address=address, logging_level=logging.ERROR)
     serve_client, scraper = ServeClient(dashboard), MetricsScraper(_connected_endpoints)
     ctl = Controller(cat, actuator, serve_client, scraper,
-                     ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log)),
+                     ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log),
+                                      state_store=store),
                      weights_sink=set_flavor_weights, leader=leader)
     if follow:  # a RayService's cluster changes at every upgrade: the Ray driver follows Serve there
         ctl.on_serve_moved(lambda url: reconnect_ray(url, args.ray_client_port))

@@ -40,6 +40,7 @@ class ControllerActor:
         from rayscale.cluster.local import LocalCluster
         from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
         from rayscale.config import load_catalog, settings_from_mapping
+        from rayscale.controller.checkpoint import CHECKPOINT_FILE, FileStore
         from rayscale.controller.loop import Controller, ControllerConfig
         from rayscale.controller.metrics import ControllerMetrics
         from rayscale.controller.serve_client import ServeClient
@@ -61,7 +62,8 @@ class ControllerActor:
         self.ctl = Controller(cat, self.actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
                               ControllerConfig(settings_from_mapping(s.settings, "ControllerSpec.settings"),
                                                app_name=s.app,
-                                               decision_log=Path(s.decision_log) if s.decision_log else None),
+                                               decision_log=Path(s.decision_log) if s.decision_log else None,
+                                               state_store=FileStore(Path(s.root) / CHECKPOINT_FILE)),
                               weights_sink=set_flavor_weights)
         self.ctl.on_record(ControllerMetrics(cat).update)
         self._thread = threading.Thread(target=self.ctl.run, name="rayscale-controller", daemon=True)

@@ -2,7 +2,9 @@
 
 The controller is the only writer of Serve replica counts and of nodes. It keeps no state it cannot
 lose: gangs come from the actuator (labels), replicas from Serve; what it remembers (metric window,
-planner timers, profile corrections, back-offs) only shapes how fast it moves, never what exists.
+planner timers, profile corrections, back-offs) only shapes how fast it moves, never what exists. That
+memory is checkpointed to a store every period and read back when the controller starts or takes the
+Lease over (rayscale.core.checkpoint), so a restart does not start it blind.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from rayscale.cluster.actuator import Actuator, apply_actions
+from rayscale.controller.checkpoint import StateStore
 from rayscale.controller.serve_client import ServeClient, ServeSnapshot, deployment_name
 from rayscale.controller.slots import slot_targets, slot_weights
 from rayscale.core.act import Action, Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import Catalog
+from rayscale.core.checkpoint import CHECKPOINT_EVERY_S, Checkpoint, CheckpointError, dumps, loads, max_age_s
 from rayscale.core.chunk import pin_chunks
 from rayscale.core.feedback import Delivered
 from rayscale.core.route import flavor_weights
@@ -39,6 +43,8 @@ class ControllerConfig:
     settings: Settings = field(default_factory=Settings)
     app_name: str = "rayscale"  # Serve application holding the flavor deployments (if Serve cannot say)
     decision_log: Path | None = None
+    state_store: StateStore | None = None  # where the checkpoint is kept; None: a restart starts blind
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
 
 
 @dataclass
@@ -53,6 +59,7 @@ class DecisionRecord:
     serve: dict[str, int]  # "model--flavor" -> target replicas
     # flavor -> {"pending"/"ready"/"failed": gangs, "nodes": nodes in ready gangs}
     by_flavor: dict[str, dict[str, int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what a reader should know that is not an error
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, default=str, sort_keys=True)
@@ -94,6 +101,7 @@ def record_line(r: DecisionRecord) -> str:
     replicas = " ".join(f"{k}={n}" for k, n in sorted(r.serve.items())) or "-"
     acts = [a["type"] + ":" + str(a.get("name") or a.get("replicas")) for a in r.actions]
     errs = f" errors={r.errors}" if r.errors else ""
+    errs += f" notes={r.notes}" if r.notes else ""
     short = [f"{s['model']}" + (f" {s['unmet_rps']:.2f}req/s" if s["unmet_rps"] > 0 else "")
              + (f" {s['missing_replicas']}<min" if s.get("missing_replicas") else "")
              for s in r.plan.get("shortfalls", [])]
@@ -138,6 +146,8 @@ class Controller:
         self._followed: str | None = None  # the dashboard every on_serve_moved listener has followed to
         # Per gang-slot flavor, the 0-or-1 target of each slot deployment as last set (what KubeRay keeps).
         self._slot_targets: dict[tuple[str, str], dict[int, int]] = {}
+        self._restored = False  # the checkpoint was read back since this replica began acting
+        self._next_save_s: float | None = None
 
     def on_record(self, fn: Callable[[DecisionRecord], None]) -> None:
         self._listeners.append(fn)
@@ -157,6 +167,9 @@ class Controller:
         t0 = self.clock()
         dur: dict[str, float] = {}
         errors: list[str] = []
+        notes: list[str] = []
+        if not self._restored:
+            notes += self._restore(t0, errors)
 
         s = time.perf_counter()
         scrape = self.scraper.scrape(t0)
@@ -192,6 +205,7 @@ class Controller:
                                   self.actuator.can_drain))
         self.state = result.state
         dur["step"] = (time.perf_counter() - s) * 1000
+        errors += self._save(t0)
 
         s = time.perf_counter()
         if serve.ok:
@@ -211,6 +225,7 @@ class Controller:
             gangs={g.name: g.phase.value for g in gangs},
             serve={f"{m}--{f}": n for (m, f), n in sorted(serve.target.items())},
             by_flavor=_by_flavor(gangs),
+            notes=notes,
         )
         self._publish(rec)
         return rec
@@ -222,6 +237,48 @@ class Controller:
                 f.write(rec.to_json() + "\n")
         for fn in self._listeners:
             fn(rec)
+
+    def _restore(self, now: float, errors: list[str]) -> list[str]:
+        """Read the last checkpoint back into this controller's memory; notes on what was restored. A
+        checkpoint that cannot be read or is too old is set aside, never half applied."""
+        self._restored = True
+        store, cfg = self.config.state_store, self.config.settings
+        if store is None:
+            return []
+        try:
+            text = store.read()
+            if text is None:
+                return [f"no checkpoint in {store.where}: starting without history"]
+            cp = loads(text, store.where)
+        except CheckpointError as e:
+            errors.append(f"checkpoint set aside, starting without history: {e}")
+            return []
+        except Exception as e:  # the store is unreachable: the next period tries again, and saves nothing over it
+            self._restored = False
+            errors.append(f"reading the checkpoint from {store.where}: {e}")
+            return []
+        why = cp.usable_at(now, max_age_s(cfg))
+        if why is not None:
+            return [f"checkpoint in {store.where} set aside: {why}"]
+        self.state = cp.state
+        if now - cp.t < cfg.burst_history_s:
+            for m, counts in cp.arrivals.items():
+                if m in self.catalog.models:
+                    self.arrivals[m].clear()
+                    self.arrivals[m].extend(counts)
+        return [f"restored the checkpoint taken {now - cp.t:.0f} s ago from {store.where}"]
+
+    def _save(self, now: float) -> list[str]:
+        store = self.config.state_store
+        if store is None or not self._restored or (self._next_save_s is not None and now < self._next_save_s):
+            return []
+        self._next_save_s = now + self.config.checkpoint_every_s
+        cp = Checkpoint(now, self.state, {m: tuple(round(c, 3) for c in d) for m, d in self.arrivals.items()})
+        try:
+            store.write(dumps(cp))
+        except Exception as e:  # the next save tries again; losing it only slows a restart down
+            return [f"saving the checkpoint to {store.where}: {e}"]
+        return []
 
     def _remember(self, scrape: Scrape, now: float) -> list[Scrape]:
         """The scrapes the next aggregate reads: whole ones for the window (and a margin), older ones
@@ -331,6 +388,7 @@ class Controller:
                 if self.leader is None or self.leader():
                     self.reconcile()
                 else:
+                    self._restored = False  # a successor may act and save: read its checkpoint on taking over
                     for fn in self._standby:
                         fn()
             except Exception as e:  # keep the loop alive; the record of the next period says more

@@ -50,8 +50,11 @@ class FeedbackSettings:
     # the arrivals the floor replays (Settings.burst_history_s; true). The floor (rayscale.core.burst) is a
     # replay of the last hour that already spends its own share of the miss budget, and a younger record may
     # have seen only calm: relaxed with the rest whatever the record's age, the Azure code trace x3 met
-    # 96.60% after a restart (the record had seen half an hour of calm), 98.56% held (bench/results/tune.md).
-    relax_burst_floor: bool = False
+    # 96.60% after a restart that lost the record (it had seen half an hour of calm; bench/results/tune.md).
+    # With the record as old as the floor's hour, the dev traces cost 3.1% less at the same SLO (Azure code
+    # x3 98.98%, 0.06 pt under; bench/results/tune_relax_floor_checkpoint.md); a restart reads the record back
+    # from the controller's checkpoint (rayscale.core.checkpoint) rather than starting it again.
+    relax_burst_floor: bool = True
     # Below 1 the factor never counts a model's demand below its mean arrival rate over the last
     # floor_window_s (0: no floor), while that rate still arrives (rayscale.core.step._sustained_rate). It
     # trims what the demand adds to the load of the last minutes (a forecast's growth, a peak held, a

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from rayscale.cluster.actuator import apply_actions
-from rayscale.core import feedback
+from rayscale.core import checkpoint, feedback
 from rayscale.core.act import CreateGang, Key
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.estimate import (
@@ -141,16 +141,22 @@ def _plan_targets(catalog: Catalog, model: str, signals: ModelSignals, now: floa
 class RayscalePolicy(Policy):
     """The product: ``rayscale.core.step.step`` with the given settings (the shipped ones by default), acting
     through the simulated cloud's provider (rayscale.sim.provider) as the controller acts through its own.
-    ``restart_at_s``: the controller restarts then, losing its StepState (rate history, corrections, SLO
-    feedback's record); the cluster it reads back is unchanged."""
+    ``restart_at_s``: the controller restarts then; the cluster it reads back is unchanged. As the controller
+    does (rayscale.controller.loop), it saves a checkpoint every ``checkpoint_every_s`` and the restarted one
+    reads the last back through the same codec (rayscale.core.checkpoint); ``checkpoint_every_s=None``: the
+    checkpoint is lost and the restart starts blind (no rate history, corrections or SLO feedback's record)."""
 
     name = "rayscale"
 
-    def __init__(self, settings: Settings | None = None, restart_at_s: float | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, restart_at_s: float | None = None,
+                 checkpoint_every_s: float | None = checkpoint.CHECKPOINT_EVERY_S) -> None:
         self.settings = settings or Settings()
         self.state = StepState()
         self.provider: SimProvider | None = None
         self.restart_at_s = restart_at_s
+        self.checkpoint_every_s = checkpoint_every_s
+        self._checkpoint: str | None = None
+        self._next_save_s = 0.0
         self.last: StepResult | None = None  # the last step's result (its plan and why), for benches that look in
 
     def _step(self, now: float, sim: Simulation, signals: ModelSignals, warm: bool = False) -> None:
@@ -178,8 +184,18 @@ class RayscalePolicy(Policy):
 
     def control(self, now: float, sim: Simulation) -> None:
         if self.restart_at_s is not None and now >= self.restart_at_s:
-            self.state, self.restart_at_s = StepState(), None
+            self.state, self.restart_at_s = self._restored(now), None
         self._step(now, sim, sim.signals(now))
+        if self.restart_at_s is not None and self.checkpoint_every_s is not None and now >= self._next_save_s:
+            # The simulator counts arrivals from the trace itself, so the checkpoint carries the state alone.
+            self._checkpoint = checkpoint.dumps(checkpoint.Checkpoint(now, self.state))
+            self._next_save_s = now + self.checkpoint_every_s
+
+    def _restored(self, now: float) -> StepState:
+        if self._checkpoint is None:
+            return StepState()
+        cp = checkpoint.loads(self._checkpoint, "the simulated controller's checkpoint")
+        return cp.state if cp.usable_at(now, checkpoint.max_age_s(self.settings)) is None else StepState()
 
     def extra(self) -> dict[str, Any]:
         """Where SLO feedback left each model (rayscale.core.feedback): its factor on demand and the

@@ -209,6 +209,11 @@ def test_kill_mid_scale_up_and_restart(ctl: Controller, cluster: LocalCluster, t
         owned = [n for n in cluster.nodes() if not n.is_head]
         assert sorted(n.labels.get(LABEL_GANG) for n in owned) == sorted(g.name for g in gangs)
         assert adopt in {n.id for n in owned} and f"recover: adopted {adopt}" in cli.output("3")
+        # each started from the memory the one before saved in the cluster's root (rayscale.core.checkpoint)
+        first = json.loads(cli.log("3").splitlines()[0])
+        where = cluster.root / "controller-checkpoint.json"
+        (note,) = first["notes"]
+        assert note.startswith("restored the checkpoint taken ") and note.endswith(f" s ago from {where}"), note
         # no id twice in Ray, no node process without a record, no healthy gang deleted
         names = alive_ray_names(cluster)
         assert sorted(names) == sorted({*names}) == sorted(["head", *(n.id for n in owned)]), names

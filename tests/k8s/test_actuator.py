@@ -346,12 +346,18 @@ def test_rbac_in_the_rendered_manifests_is_exactly_what_the_actuator_uses(world:
     # The Deployment's replicas elect one writer: create the Lease, then read and renew it.
     from kubernetes import client
 
+    from rayscale.cluster.kube.checkpoint import ConfigMapStore
     from rayscale.cluster.kube.lease import LeaderElection
 
     api = w.api.api_client()
     try:
         elect = LeaderElection(client.CoordinationV1Api(api), NS, "pod-a", clock=w.clock.now)
         assert elect.hold() and elect.hold()
+        # The holder saves its checkpoint (create, then update) and a successor reads it back.
+        store = ConfigMapStore(client.CoreV1Api(api), NS)
+        store.write("{}")
+        store.write("{}")
+        assert ConfigMapStore(client.CoreV1Api(api), NS).read() == "{}"
     finally:
         api.close()
     used = {(r.verb, r.resource.split("/")[0].split(".", 1)[0]) for r in w.api.requests}

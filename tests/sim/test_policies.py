@@ -282,17 +282,25 @@ def test_the_burst_floor_holds_capacity_for_bursts_within_the_minute(capsys):
     assert on["ttft_p95_s"] < off["ttft_p95_s"]
 
 
-def test_a_restarted_controller_keeps_the_fleet_serving_and_starts_its_record_again():
-    """A restart loses the step's state (rate history, corrections, SLO feedback's record), never the cluster:
-    the fleet it reads back keeps serving, and the record starts again once that fleet stands as planned."""
+def test_a_restarted_controller_keeps_the_fleet_serving_and_reads_its_checkpoint_back():
+    """A restart never loses the cluster: the fleet it reads back keeps serving. With the checkpoint lost the
+    step's state (rate history, SLO feedback's record) starts again; read back, it goes on where it was."""
     tr = load_spec("gen:poisson:rate=4,hours=1", seed=3)
-    plain, restarted = RayscalePolicy(), RayscalePolicy(restart_at_s=1800.0)
+    plain = RayscalePolicy()
+    blind = RayscalePolicy(restart_at_s=1800.0, checkpoint_every_s=None)
+    restored = RayscalePolicy(restart_at_s=1800.0)
     a = simulate(CAT, tr, plain, SimConfig(seed=3))
-    b = simulate(CAT, tr, restarted, SimConfig(seed=3))
-    assert restarted.restart_at_s is None  # it did restart
+    b = simulate(CAT, tr, blind, SimConfig(seed=3))
+    c = simulate(CAT, tr, restored, SimConfig(seed=3))
+    assert blind.restart_at_s is None and restored.restart_at_s is None  # both did restart
     assert b.failed_requests == 0 and b.slo_attainment > 0.98
     after = b.timeline["sample_t_s"] > 1800.0
     assert sum(v[after] for v in b.timeline["replicas"].values()).min() > 0
     model = SimConfig().model
-    assert restarted.state.delivered[model].requests < 0.6 * plain.state.delivered[model].requests
+    assert blind.state.delivered[model].requests < 0.6 * plain.state.delivered[model].requests
+    assert len(blind.state.rate_history[model]) < 0.6 * len(plain.state.rate_history[model])
     assert abs(b.cost_usd - a.cost_usd) < 0.1 * a.cost_usd
+    # the checkpoint of its last period: the record and the history carry on
+    assert restored.state.delivered[model].requests > 0.95 * plain.state.delivered[model].requests
+    assert len(restored.state.rate_history[model]) >= len(plain.state.rate_history[model]) - 1
+    assert (c.slo_attainment, c.cost_usd) == pytest.approx((a.slo_attainment, a.cost_usd), rel=0.01)
