@@ -15,6 +15,7 @@ BENCHES = [
     ["bench.spot_stress", "--out", "bench/results/spot_stress.md"],
     ["bench.spot_zombies", "--out", "bench/results/spot_zombies.md"],
     ["bench.restart", "--out", "bench/results/restart.md"],
+    ["bench.checkpoint_size", "--out", "bench/results/checkpoint_size.md"],
     ["bench.long_prompts", "--out", "bench/results/long_prompts.md"],
     ["bench.planner", "--out", "bench/results/planner.md"],
     ["bench.simulate_speed"],

@@ -576,6 +576,14 @@ def check_serve_configs(files: dict[str, str]) -> list[str]:
 # --- the controller ---------------------------------------------------------------------------------
 
 STATE_CONFIGMAP = "rayscale-controller-state"
+# The checkpoint fills this many ConfigMaps at most (rayscale.cluster.kube.checkpoint: ~1 MB gzipped each).
+MAX_STATE_SHARDS = 8
+
+
+def state_configmaps(name: str = STATE_CONFIGMAP) -> list[str]:
+    """The ConfigMaps a checkpoint named ``name`` may fill, the one that says how many it fills first."""
+    return [name] + [f"{name}-{i}" for i in range(1, MAX_STATE_SHARDS)]
+
 
 # Exactly what KubeActuator calls (a test compares this with the requests it makes).
 CLUSTER_RULES: list[Obj] = [
@@ -595,9 +603,9 @@ NAMESPACE_RULES: list[Obj] = [
     {"apiGroups": ["ray.io"], "resources": ["rayservices"], "verbs": ["get", "update"]},
     # One writer among the Deployment's replicas (rayscale.cluster.kube.lease).
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "get", "update"]},
-    # The controller's checkpoint (rayscale.cluster.kube.checkpoint): its own ConfigMap only, not the
+    # The controller's checkpoint (rayscale.cluster.kube.checkpoint): its own ConfigMaps only, not the
     # settings' (create cannot be limited to a name).
-    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [STATE_CONFIGMAP], "verbs": ["get", "update"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": state_configmaps(), "verbs": ["get", "update"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
 ]
 

@@ -24,7 +24,15 @@ from rayscale.controller.serve_client import ServeClient, ServeSnapshot, deploym
 from rayscale.controller.slots import slot_targets, slot_weights
 from rayscale.core.act import Action, Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import Catalog
-from rayscale.core.checkpoint import CHECKPOINT_EVERY_S, Checkpoint, CheckpointError, dumps, loads, max_age_s
+from rayscale.core.checkpoint import (
+    CHECKPOINT_EVERY_S,
+    SAVE_TIME_SHARE,
+    Checkpoint,
+    CheckpointError,
+    dumps,
+    loads,
+    max_age_s,
+)
 from rayscale.core.chunk import pin_chunks
 from rayscale.core.feedback import Delivered
 from rayscale.core.route import flavor_weights
@@ -274,10 +282,15 @@ class Controller:
             return []
         self._next_save_s = now + self.config.checkpoint_every_s
         cp = Checkpoint(now, self.state, {m: tuple(round(c, 3) for c in d) for m, d in self.arrivals.items()})
+        started = time.perf_counter()
         try:
             store.write(dumps(cp))
         except Exception as e:  # the next save tries again; losing it only slows a restart down
             return [f"saving the checkpoint to {store.where}: {e}"]
+        # A thousand models' checkpoint is ~6 MB of JSON (bench/results/checkpoint_size.md): saved every
+        # period it would take a fifth of the loop and rewrite megabytes of ConfigMaps every few seconds.
+        spent = time.perf_counter() - started
+        self._next_save_s = max(self._next_save_s, now + spent / SAVE_TIME_SHARE)
         return []
 
     def _remember(self, scrape: Scrape, now: float) -> list[Scrape]:

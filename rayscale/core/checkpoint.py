@@ -18,6 +18,7 @@ demands are left out (they only seed the next period's searches).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import types
@@ -36,6 +37,10 @@ VERSION = 1
 # 99.40% (98.77% at worst) at 3.6% more, one from the last period the unbroken run's 99.73% to the cent
 # (bench/results/restart.md).
 CHECKPOINT_EVERY_S = 0.0
+# ... but a save takes at most this share of the controller's time: the next one waits 1/share times as
+# long as the last took (one model: every period; a thousand, ~0.9 s to encode and write on two cores:
+# every ~20 s; bench/results/checkpoint_size.md).
+SAVE_TIME_SHARE = 0.05
 
 
 def max_age_s(settings: Settings) -> float:
@@ -68,6 +73,10 @@ class Checkpoint:
 def encode(value: Any) -> Any:
     """JSON-ready form of a record: dataclasses as objects, mappings as [key, value] pairs (keys may be
     tuples), tuples as lists, enums as their values."""
+    if value is None or type(value) in _PLAIN:  # most of a checkpoint: its rates and counts
+        return value
+    if isinstance(value, tuple | list) and _numbers(value):
+        return list(value)
     if is_dataclass(value) and not isinstance(value, type):
         return {f.name: encode(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, Mapping):
@@ -101,6 +110,8 @@ def decode(tp: Any, value: Any, where: str) -> Any:
     elif origin is tuple:
         if isinstance(value, list):
             if len(args) == 2 and args[1] is Ellipsis:
+                if args[0] is float and _numbers(value):
+                    return tuple(map(float, value))
                 return tuple(decode(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
             if len(value) == len(args):
                 return tuple(decode(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
@@ -116,11 +127,23 @@ def decode(tp: Any, value: Any, where: str) -> Any:
     raise CheckpointError(f"{where}: expected {getattr(tp, '__name__', tp)}, got {json.dumps(value)[:80]}")
 
 
+_PLAIN = (str, int, float, bool)
+_NUMBERS = frozenset((int, float))
+
+
+def _numbers(values: tuple[Any, ...] | list[Any]) -> bool:
+    return set(map(type, values)) <= _NUMBERS
+
+
+@functools.lru_cache(maxsize=64)
+def _hints(tp: type) -> tuple[dict[str, Any], frozenset[str]]:
+    return get_type_hints(tp), frozenset(f.name for f in fields(tp))
+
+
 def _decode_record(tp: type, value: Any, where: str) -> Any:
     if not isinstance(value, dict):
         raise CheckpointError(f"{where}: expected an object ({tp.__name__}), got {json.dumps(value)[:80]}")
-    hints = get_type_hints(tp)
-    known = {f.name for f in fields(tp)}
+    hints, known = _hints(tp)
     unknown = sorted(set(value) - known)
     if unknown:
         raise CheckpointError(f"{where}: unknown field(s) {unknown} for {tp.__name__}")

@@ -47,6 +47,7 @@ bookmarks, pod graceful termination (pods without finalizers go at once; there i
 from __future__ import annotations
 
 import base64
+import binascii
 import bisect
 import builtins
 import copy
@@ -158,6 +159,22 @@ def invalid(rt: ResourceType, name: str, causes: list[tuple[str, str]]) -> ApiEr
             "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in causes],
         },
     )
+
+
+# kubernetes pkg/apis/core/validation/validation.go ValidateConfigMap: the values of data and binaryData
+# (binaryData decoded from base64) may total at most core.MaxSecretSize, 1 MiB, per object.
+MAX_CONFIGMAP_BYTES = 1024 * 1024
+
+
+def _configmap_size(obj: Mapping[str, Any]) -> list[tuple[str, str]]:
+    total = sum(len(str(v).encode()) for v in (obj.get("data") or {}).values())
+    try:
+        total += sum(len(base64.b64decode(v, validate=True)) for v in (obj.get("binaryData") or {}).values())
+    except (binascii.Error, TypeError) as e:
+        return [("binaryData", f"Invalid value: not base64 ({e})")]
+    if total > MAX_CONFIGMAP_BYTES:
+        return [("", f"Too long: may not be more than {MAX_CONFIGMAP_BYTES} bytes")]
+    return []
 
 
 def bad_request(message: str) -> ApiError:
@@ -698,9 +715,11 @@ class Store:
     ) -> tuple[Obj, builtins.list[str]]:
         """Default, prune (or reject) unknown fields and validate a custom resource; (obj, warnings)."""
         if not rt.crds:
-            errs = crdschema.validate_metadata(obj)
+            errs = [(p, m) for p, _, m in crdschema.validate_metadata(obj)]
+            if rt.kind == "ConfigMap":
+                errs += _configmap_size(obj)
             if errs:
-                raise invalid(rt, name, [(p, m) for p, _, m in errs])
+                raise invalid(rt, name, errs)
             return obj, []
         primary = rt.crds[0]
         version = obj["apiVersion"].rpartition("/")[2]

@@ -5,6 +5,7 @@ aside with a message naming the file and the field; a store it cannot reach is r
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,29 @@ def test_a_store_that_cannot_be_read_is_retried_and_never_saved_over() -> None:
     store.down = False
     assert ctl._restore(5.0, []) == [f"no checkpoint in {store.where}: starting without history"]
     assert ctl._save(5.0) == [] and store.writes == 1
+
+
+class _SlowStore(FileStore):
+    """A store whose writes take ``delay_s`` (a large checkpoint, a busy API server)."""
+
+    def __init__(self, path: Path, delay_s: float) -> None:
+        super().__init__(path)
+        self.delay_s, self.writes = delay_s, 0
+
+    def write(self, text: str) -> None:
+        time.sleep(self.delay_s)
+        self.writes += 1
+        super().write(text)
+
+
+def test_saves_are_spaced_so_that_saving_takes_a_small_share_of_the_loop(tmp_path: Path) -> None:
+    writes = {}
+    for delay_s in (0.0, 0.3):
+        store = _SlowStore(tmp_path / f"{delay_s}.json", delay_s)
+        ctl = _controller(store)
+        ctl._restore(0.0, [])
+        assert [ctl._save(float(t)) for t in range(0, 30, 5)] == [[]] * 6  # a period of 5 s
+        writes[delay_s] = store.writes
+    # Quick saves: every period. Saves of 0.3 s: the next waits >= 0.3 / SAVE_TIME_SHARE = 6 s (t = 0, 10, 20).
+    assert writes[0.0] == 6
+    assert 1 <= writes[0.3] <= 3
