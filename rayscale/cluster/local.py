@@ -392,22 +392,17 @@ class LocalCluster:
 
     def drain_node(self, node_id: str, deadline_s: float | None = None, reason: str = "rayscale remove") -> bool:
         """Asks Ray to drain the node (no new work; Serve moves replicas off); True if accepted."""
-        from ray.core.generated import autoscaler_pb2
+        from rayscale.cluster.ray_drain import RayDrainError, drain_node
 
         if node_id == HEAD:
             raise LocalClusterError("the head cannot be drained; use stop()")
         info = self._ray_nodes().get(node_id)
         if info is None or not info["alive"]:
             return False
-        deadline_ms = 0 if deadline_s is None else int((time.time() + deadline_s) * 1000)
-        accepted, why = self._gcs_client().drain_node(
-            info["ray_node_id"],
-            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),  # type: ignore[attr-defined]
-            reason,
-            deadline_ms,
-        )
-        if not accepted:
-            raise LocalClusterError(f"Ray refused to drain {node_id}: {why}")
+        try:
+            drain_node(self._gcs_client(), info["ray_node_id"], reason, deadline_s)
+        except RayDrainError as e:
+            raise LocalClusterError(f"{node_id}: {e}") from e
         return True
 
     def remove_node(self, node_id: str, grace_s: float | None = None) -> None:
@@ -671,14 +666,9 @@ class LocalCluster:
 
     def _gcs_client(self) -> Any:
         if self._gcs is None:
-            from ray._raylet import GcsClient  # type: ignore[attr-defined]
+            from rayscale.cluster.ray_drain import gcs_client
 
-            host, port = self.address.rsplit(":", 1)
-            # GcsClient retries for a long time when nothing listens; look first
-            with socket.create_connection((host, int(port)), timeout=2.0):
-                pass
-
-            self._gcs = GcsClient(address=self.address)
+            self._gcs = gcs_client(self.address)
         return self._gcs
 
     def _ray_nodes(self, timeout_s: float = 10.0) -> dict[str, dict[str, Any]]:

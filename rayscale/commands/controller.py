@@ -39,6 +39,10 @@ def register(sub: Any) -> None:
     p.add_argument("--ray-client-port", type=int, default=10001,
                    help="kube: Ray Client port on a RayCluster's head Service (KubeRay's default 10001); with "
                         "--rayservice the driver follows each new cluster there")
+    p.add_argument("--ray-gcs", default=None, metavar="ADDRESS",
+                   help="kube: the driven cluster's GCS, where gangs are drained before they are released "
+                        "(default: KubeRay's head Service, {cluster}-head-svc.{namespace}.svc:6379; "
+                        "`none`: never drain, serving gangs then only go on a scale-down)")
     p.add_argument("--app", default="rayscale", help="Serve application of the flavor deployments")
     p.add_argument("--decision-log", default="rayscale-decisions.jsonl", help="JSON lines, one per period")
     p.add_argument("--checkpoint", default=None, metavar="WHERE",
@@ -135,10 +139,13 @@ def run(args: argparse.Namespace) -> int:
             config.load_kube_config()
         dashboard = args.dashboard
         address = args.ray_address or ray_client_address(dashboard, args.ray_client_port)
+        from rayscale.cluster.ray_drain import KUBERAY_GCS, GcsDrainer
+
+        drainer = None if args.ray_gcs == "none" else GcsDrainer(args.ray_gcs or KUBERAY_GCS, args.namespace)
         actuator = KubeActuator(cat, client.ApiClient(),
                                 KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
                                                    rayservice=args.rayservice,
-                                                   twin_backoff_s=settings.act.backoff_s))
+                                                   twin_backoff_s=settings.act.backoff_s), drainer=drainer)
         from rayscale.cluster.kube.lease import LeaderElection
 
         identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"

@@ -24,6 +24,7 @@ from rayscale_testing.waits import wait_for
 from rayscale.cluster.actuator import LABEL_CREATED, LABEL_GANG, LABEL_MODEL, LABEL_OWNER, LABEL_SIZE, OWNER
 from rayscale.cluster.local import PAUSE_ENV, LocalCluster, LocalClusterConfig, LocalClusterError
 from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+from rayscale.cluster.ray_drain import GcsDrainer, RayDrainError
 from rayscale.core.act import CreateGang, GangPhase
 
 ROOT = Path("/tmp/rs-test-local")
@@ -333,3 +334,18 @@ def test_cli_drives_the_same_cluster(cluster: LocalCluster, capsys: pytest.Captu
 def test_cli_without_cluster_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["local", "node", "list", "--root", str(tmp_path / "none")]) == 1
     assert "no local cluster" in capsys.readouterr().err
+
+
+def test_gcs_drainer_drains_the_ray_node_at_an_ip(cluster: LocalCluster) -> None:
+    """What the Kubernetes actuator drains a gang's pods through: each Ray node found by its IP (a pod's,
+    on Kubernetes) in the GCS, and asked to drain there."""
+    node_id = cluster.add_node("l40s", node_ip="127.0.0.9")
+    drainer = GcsDrainer(address=cluster.address)
+    with pytest.raises(RayDrainError, match=f"no alive Ray node at 127.0.0.99 in the GCS at {cluster.address}"):
+        drainer.drain("rc", ["127.0.0.99"], "rayscale drain g")
+    assert cluster.node(node_id).state != "DRAINING"
+    drainer.drain("rc", ["127.0.0.9"], "rayscale drain g")
+    # Idle, it exits once drained, and Ray records the drain as the reason it went.
+    wait_for(lambda: cluster.node(node_id).state == "DRAINING" or cluster.node(node_id).drained, 30,
+             "Ray to drain the node")
+    cluster.remove_node(node_id, grace_s=0)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import pytest
 import yaml
 
-from rayscale.cluster.kube import KubeError
+from rayscale.cluster.kube import KubeActuator, KubeError
 from rayscale.cluster.render import CLUSTER_RULES, NAMESPACE_RULES
 from rayscale.core.act import BackOff, CreateGang, DeleteGang, Gang, GangPhase, decide
 
@@ -408,3 +408,48 @@ def test_a_spot_notice_fails_the_gang_and_orders_its_replacement_while_the_node_
     kinds = [type(a).__name__ for a in act(w, {BIG: 1}, gangs)]
     assert kinds == ["DeleteGang", "BackOff", "CreateGang"]
     assert w.api.store.get("nodes", node) is not None  # the replacement is on order before the node goes
+
+
+class _Gcs:
+    """The driven cluster's GCS as the actuator sees it through its drainer: what it was asked to drain
+    (rayscale.cluster.ray_drain.GcsDrainer, tested against real Ray in tests/cluster, asks the real one)."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.asked: list[tuple[str, tuple[str, ...], str]] = []
+        self.refuse = refuse
+
+    def drain(self, cluster: str, ips: Iterable[str], reason: str) -> None:
+        if self.refuse:
+            raise RuntimeError("Ray refused to drain")
+        self.asked.append((cluster, tuple(ips), reason))
+
+
+def test_a_gang_is_drained_through_ray_by_its_pods_ips_and_stays_draining_for_a_restarted_controller(
+        world: World) -> None:
+    w = world
+    assert not w.act.can_drain  # type: ignore[union-attr]
+    with pytest.raises(NotImplementedError):
+        w.act.drain_gang("any")  # type: ignore[union-attr]
+    gcs = _Gcs()
+    w.act = KubeActuator(w.catalog, w.api.api_client(), w.config, seed=1, drainer=gcs)
+    assert w.act.can_drain
+    (g,) = up(w)
+    ips = tuple(sorted(n.removeprefix("ip:") for n in g.node_ids if n.startswith("ip:")))
+    assert len(ips) == 2 and not g.draining  # one worker pod on each of the gang's two nodes
+    w.act.drain_gang(g.name)
+    assert gcs.asked == [(RC, ips, f"rayscale drain {g.name}")]
+    (g,) = w.tick()
+    assert g.draining and g.phase == GangPhase.READY  # serving until Serve moved its replicas
+    (g,) = w.actuator().gangs(w.clock.now())  # read back from its claims
+    assert g.draining
+
+
+def test_a_drain_ray_refused_marks_nothing_so_the_next_period_asks_again(world: World) -> None:
+    w = world
+    w.act = KubeActuator(w.catalog, w.api.api_client(), w.config, seed=1, drainer=_Gcs(refuse=True))
+    (g,) = up(w)
+    with pytest.raises(RuntimeError, match="refused"):
+        w.act.drain_gang(g.name)
+    (g,) = w.tick()
+    assert not g.draining
+    assert all("rayscale.io/draining" not in (c["metadata"].get("annotations") or {}) for c in w.claims(g.name))

@@ -45,6 +45,10 @@ no other gang's claims of that pair hold, as ``rayscale.io/gang-slot`` on its cl
 its worker group is that slot's, whose Ray node labels its Serve slot deployment selects, and
 ``Gang.slot`` is read back from the claims. With every slot held the gang is refused (FAILED).
 
+Drain (with a ``drainer``, rayscale.cluster.ray_drain): ``drain_gang`` drains the Ray nodes of the gang's
+worker pods, found by pod IP in the driven cluster's GCS, then marks its claims ``rayscale.io/draining``;
+the gang reports ``draining`` from then on, Serve moves its replicas off, and the step releases it.
+
 Down: ``delete_gang`` (after Serve drained it) marks the claims; then the claims and Nodes lose
 ``do-not-disrupt`` and the Nodes the admission label; the worker group's replicas are lowered and
 ``scaleStrategy.workersToDelete`` names exactly the pods on the gang's Nodes, in one write (never while
@@ -106,6 +110,7 @@ from rayscale.cluster.kube.naming import (
     ANN_COMPLETE,
     ANN_DELETING,
     ANN_DO_NOT_DISRUPT,
+    ANN_DRAINING,
     ANN_PHASE_SINCE,
     L_CAPACITY_TYPE,
     L_INSTANCE_TYPE,
@@ -128,6 +133,7 @@ from rayscale.cluster.kube.rayservice import (
     with_serve_targets,
 )
 from rayscale.cluster.kube.slots import slot_flavor, slot_group_name
+from rayscale.cluster.ray_drain import Drainer
 from rayscale.controller.serve_client import ServeClient, ServeClientError
 from rayscale.core.act import CreateGang, Gang, GangPhase
 from rayscale.core.catalog import Catalog
@@ -250,15 +256,17 @@ class _View:
 class KubeActuator:
     """The Actuator protocol over the official ``kubernetes`` client (see the module docstring)."""
 
-    # No Ray drain here yet: deleting a claim evicts its Ray pod, which kills the replica's in-flight
-    # requests, so the step never moves serving gangs through this provider (spot that counts for nothing
-    # stays until a scale-down or an interruption takes it). Draining needs the pod's Ray node id and a
-    # GCS client to the driven cluster's head.
+    # Draining needs the driven cluster's GCS (``drainer``, rayscale.cluster.ray_drain.GcsDrainer). Without
+    # one the step never moves serving gangs through this provider: deleting a claim evicts its Ray pod,
+    # which kills the replica's in-flight requests (spot that counts for nothing stays until a scale-down
+    # or an interruption takes it).
     can_drain = False
 
     def __init__(self, catalog: Catalog, api_client: Any, config: KubeActuatorConfig | None = None,
-                 *, seed: int | None = None) -> None:
+                 *, seed: int | None = None, drainer: Drainer | None = None) -> None:
         self.catalog = catalog
+        self.drainer = drainer
+        self.can_drain = drainer is not None
         self.config = config or KubeActuatorConfig()
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
@@ -439,7 +447,27 @@ class KubeActuator:
                 self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DELETING: "true"}}})
 
     def drain_gang(self, name: str) -> None:
-        raise NotImplementedError(f"KubeActuator cannot drain gang {name}: can_drain is False")
+        """Drain the Ray nodes of the gang's worker pods (by pod IP) in the driven cluster's GCS, then mark
+        its claims ``rayscale.io/draining``: every later pass, a restarted controller's too, reports it
+        draining, and the step releases it once Serve moved its replicas. Raises when Ray was not asked
+        (no worker pod, GCS unreachable): nothing is marked, and the next period's step asks again."""
+        if self.drainer is None:
+            raise NotImplementedError(f"KubeActuator cannot drain gang {name}: no drainer (can_drain is False)")
+        claims = self._list_claims(f"{OWNED},{LABEL_GANG}={name}")
+        nodes = {n["metadata"]["name"] for n in self._raw(self.core.list_node,
+                                                         label_selector=f"{OWNED},{LABEL_GANG}={name}")["items"]}
+        pods = self._raw(self.core.list_namespaced_pod, self.config.namespace,
+                         label_selector="ray.io/node-type=worker")["items"]
+        ips = sorted({ip for p in pods if (p.get("spec") or {}).get("nodeName") in nodes and _running(p)
+                      and (ip := (p.get("status") or {}).get("podIP"))})
+        if not claims or not ips:
+            raise KubeError(f"gang {name}: no running Ray worker pod on its nodes to drain")
+        cluster = _labels(claims[0]).get(LABEL_RAYCLUSTER) or (
+            self._primary() if self.config.rayservice else self.config.raycluster)
+        self.drainer.drain(cluster, ips, f"rayscale drain {name}")
+        for c in claims:
+            if ANN_DRAINING not in _annotations(c):
+                self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DRAINING: "true"}}})
 
     def close(self) -> None:
         pass
@@ -911,7 +939,8 @@ class KubeActuator:
         return Gang(v.name, lb.get(LABEL_MODEL, ""), lb.get(LABEL_FLAVOR_KEY, ""),
                     lb.get(LABEL_CAPACITY, "on-demand"), lb.get(LABEL_ZONE, ""), v.instance_type, v.size, phase,
                     float(lb.get(LABEL_CREATED, now)), reason=reason, node_ids=node_ids,
-                    since_s=self._phase_since(v, phase, now), slot=v.slot)
+                    since_s=self._phase_since(v, phase, now), slot=v.slot,
+                    draining=any(ANN_DRAINING in _annotations(c) for c in v.claims.values()))
 
     def _phase_since(self, v: _View, phase: GangPhase, now: float) -> float | None:
         """When the gang entered ``phase``, kept on member 0 from its first READY on (None: since creation).

@@ -22,6 +22,7 @@ ANN_DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 # Durable steps of the gang state machine, on the NodeClaims (a restarted controller resumes from them).
 ANN_COMPLETE = "rayscale.io/gang-complete"  # on member 0 once every member was created
 ANN_DELETING = "rayscale.io/deleting"  # the gang is being released (set by delete_gang)
+ANN_DRAINING = "rayscale.io/draining"  # its Ray nodes were drained (set by drain_gang once Ray accepted)
 # "<phase>@<controller time>" on member 0 once the gang was READY: when it entered its phase, so a ready
 # gang whose worker pod restarts gets a fresh launch timeout instead of looking stuck since creation.
 ANN_PHASE_SINCE = "rayscale.io/phase-since"
