@@ -100,6 +100,8 @@ def variants() -> dict[str, Settings]:
         "scale-up tolerance 0.03": replace(s, planner=replace(pl, scale_up_tolerance=0.03)),
         "scale-up tolerance 0.05": replace(s, planner=replace(pl, scale_up_tolerance=0.05)),
         "scale-up tolerance 0.1": replace(s, planner=replace(pl, scale_up_tolerance=0.1)),
+        "mix over >= 2000 requests (up to 30 min)": replace(s, mix_min_requests=2000, mix_max_s=1800.0),
+        "mix over >= 3000 requests (up to 30 min)": replace(s, mix_min_requests=3000, mix_max_s=1800.0),
     }
 
 
