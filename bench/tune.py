@@ -69,6 +69,7 @@ def variants() -> dict[str, Settings]:
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
         "peak hold 60 min": replace(s, peak_hold_s=3600.0),
         "peak hold 20 min": replace(s, peak_hold_s=1200.0),
+        "peak hold 10 min": replace(s, peak_hold_s=600.0),
         "burst floor over 30 min": replace(s, burst_history_s=1800.0),
         "burst floor over 30 min and peak hold 20 min": replace(s, burst_history_s=1800.0, peak_hold_s=1200.0),
         "no SLO feedback": replace(s, feedback=replace(fb, enabled=False)),

@@ -74,8 +74,14 @@ class GcsDrainer:
         from ray.core.generated import gcs_pb2
 
         address = self.address.format(cluster=cluster, namespace=self.namespace)
-        gcs = self._clients.get(address) or self._clients.setdefault(address, gcs_client(address))
-        alive = {info.node_manager_address: nid.hex() for nid, info in gcs.get_all_node_info(timeout=10).items()
+        try:
+            gcs = self._clients.get(address) or self._clients.setdefault(address, gcs_client(address))
+            nodes = gcs.get_all_node_info(timeout=10)
+        except Exception as e:
+            # A head pod restarted behind the Service leaves a client bound to the old GCS: ask anew next time.
+            self._clients.pop(address, None)
+            raise RayDrainError(f"the GCS at {address} could not be asked for cluster {cluster}'s nodes: {e}") from e
+        alive = {info.node_manager_address: nid.hex() for nid, info in nodes.items()
                  if info.state == gcs_pb2.GcsNodeInfo.ALIVE}  # type: ignore[attr-defined]
         for ip in ips:
             if ip not in alive:

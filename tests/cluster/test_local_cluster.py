@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -349,3 +350,15 @@ def test_gcs_drainer_drains_the_ray_node_at_an_ip(cluster: LocalCluster) -> None
     wait_for(lambda: cluster.node(node_id).state == "DRAINING" or cluster.node(node_id).drained, 30,
              "Ray to drain the node")
     cluster.remove_node(node_id, grace_s=0)
+
+
+def test_gcs_drainer_names_an_unreachable_gcs_and_asks_anew() -> None:
+    """A GCS that cannot be reached (a head pod restarting behind its Service) is a RayDrainError naming it,
+    and no client is kept for it: the next period's drain connects again."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    drainer = GcsDrainer(address=address)
+    with pytest.raises(RayDrainError, match=f"the GCS at {address} could not be asked for cluster rc's nodes"):
+        drainer.drain("rc", ["127.0.0.9"], "rayscale drain g")
+    assert drainer._clients == {}
