@@ -189,8 +189,8 @@ def test_an_assembling_gang_survives_emptiness_consolidation(world: World) -> No
     bare = w.act.nodeclaim(create, 0, w.clock.now(), w.api.store.get("nodepools", "a10g")) if w.act else {}
     bare["metadata"].update(name="bare", annotations={}, labels={"karpenter.sh/nodepool": "a10g"})
     w.api.store.create("nodeclaims", bare)
-    for _ in range(140):  # 700 s: past consolidateAfter, within the gang's own 900 s init timeout
-        (g,) = w.tick()
+    for _ in range(28):  # 700 s: past consolidateAfter, within the gang's own 900 s init timeout
+        (g,) = w.tick(25.0)
         assert g.phase == GangPhase.PENDING, g.reason
     first = w.api.store.get("nodeclaims", f"{create.name}-0")
     assert conds(w, first["metadata"]["name"])["Initialized"] == "True"
