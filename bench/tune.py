@@ -62,6 +62,7 @@ def variants() -> dict[str, Settings]:
     return {
         SHIPPED: s,
         "utilization 0.9": replace(s, estimate=replace(est, target_utilization=0.9)),
+        "utilization 0.85": replace(s, estimate=replace(est, target_utilization=0.85)),
         "no burst floor": replace(s, estimate=replace(est, burst_floor=False)),
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),
