@@ -362,3 +362,12 @@ def test_gcs_drainer_names_an_unreachable_gcs_and_asks_anew() -> None:
     with pytest.raises(RayDrainError, match=f"the GCS at {address} could not be asked for cluster rc's nodes"):
         drainer.drain("rc", ["127.0.0.9"], "rayscale drain g")
     assert drainer._clients == {}
+
+    class _Gone:  # a client kept from before the head restarted: its GCS no longer answers
+        def get_all_node_info(self, timeout: float) -> dict[Any, Any]:
+            raise ConnectionError("Failed to connect to GCS")
+
+    drainer._clients[address] = _Gone()
+    with pytest.raises(RayDrainError, match="Failed to connect to GCS"):
+        drainer.drain("rc", ["127.0.0.9"], "rayscale drain g")
+    assert drainer._clients == {}
