@@ -63,6 +63,7 @@ def variants() -> dict[str, Settings]:
         SHIPPED: s,
         "utilization 0.9": replace(s, estimate=replace(est, target_utilization=0.9)),
         "utilization 0.85": replace(s, estimate=replace(est, target_utilization=0.85)),
+        "utilization 0.8 where bursts last": replace(s, estimate=replace(est, smooth_target_utilization=None)),
         "no burst floor": replace(s, estimate=replace(est, burst_floor=False)),
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),

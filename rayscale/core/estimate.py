@@ -367,6 +367,10 @@ class Demand:
 @dataclass(frozen=True)
 class EstimateSettings:
     target_utilization: float = 0.8
+    # The target utilisation of a model whose bursts last a minute or more (Demand.burst_sharpness at most
+    # PlannerSettings.sharp_bursts_above; the step applies it, knowing both); None: target_utilization for
+    # every model. A level that moves is forecast and held; the headroom is for bursts within the minute.
+    smooth_target_utilization: float | None = None
     attainment: float = DEFAULT_ATTAINMENT
     # Queued requests are cleared within this, on top of arrivals. Never faster than the model's quickest
     # replica start (node + load): capacity ordered for a backlog arrives only then, and ordering for a
@@ -381,6 +385,12 @@ class EstimateSettings:
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
     best_effort: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("target_utilization", "smooth_target_utilization"):
+            u = getattr(self, name)
+            if u is not None and not 0 < u <= 1:
+                raise ValueError(f"EstimateSettings.{name} must be in (0, 1], got {u}")
 
 
 def prior_mix(catalog: Catalog, model: str) -> RequestMix:

@@ -5,7 +5,8 @@
 defaults below are the shipped product, chosen on the simulator's dev traces (bench/results/tune.md):
 the seasonal forecaster with a 30-min peak hold, a 600 s scale-down delay (about one replica start-up),
 the greedy solver (the exact MILP costs 20-120 ms a call and does not scale to a thousand models), the
-burst floor, and a narrower hysteresis band (0.15) where bursts last a minute or more.
+burst floor, and, where bursts last a minute or more, a narrower hysteresis band (0.15) and a target
+utilisation of 0.85 once the SLO record earned it (bench/results/tune_smooth_utilization.md).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def shipped_planner() -> PlannerSettings:
 
 
 def shipped_estimate() -> EstimateSettings:
-    return EstimateSettings(burst_floor=True)
+    return EstimateSettings(burst_floor=True, smooth_target_utilization=0.85)
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ def step(ctx: StepContext) -> StepResult:
     before = _after_interruptions(ctx)
     demands = _with_feedback(demands, before, cfg, ctx.now, signals)
     demands = _with_rise(demands, signals, cfg, horizon_s)
+    demands = _with_smooth_utilization(demands, before, cfg, signals, horizon_s)
     current: dict[Key, int] = {}
     ready_serving: dict[Key, int] = {}
     for g in ctx.gangs:
@@ -170,6 +171,41 @@ def _delivered(ctx: StepContext, before: Mapping[str, Delivered], signals: Mappi
         if rec is not None:
             out[name] = rec
     return out
+
+
+def _with_smooth_utilization(demands: Mapping[str, Demand], record: Mapping[str, Delivered], cfg: Settings,
+                             signals: Mapping[str, ModelSignals], horizon_s: float) -> dict[str, Demand]:
+    """Each demand whose bursts last a minute or more (Demand.burst_sharpness) with its replicas' capacities
+    at ``estimate.smooth_target_utilization`` in place of ``target_utilization`` (rps is linear in it), once
+    its SLO record has earned it (its feedback factor is below 1, rayscale.core.feedback) and while its
+    arrivals are not growing into the headroom given up: their line over ``rise_window_s`` rises less than
+    that share within one start-up. A slow ramp grows into its headroom while the next replica starts."""
+    smooth, target = cfg.estimate.smooth_target_utilization, cfg.estimate.target_utilization
+    if smooth is None or smooth == target:
+        return dict(demands)
+    k = smooth / target
+    out = dict(demands)
+    for name, d in demands.items():
+        rec = record.get(name)
+        if not 0 < d.burst_sharpness <= cfg.planner.sharp_bursts_above or rec is None or rec.factor >= 1.0:
+            continue
+        if _grows_by(signals.get(name), cfg, horizon_s) >= k or _rising(d, signals.get(name), cfg) is not None:
+            continue
+        out[name] = replace(d, capacity={f: replace(c, rps=c.rps * k) for f, c in d.capacity.items()},
+                            fallback={f: replace(c, rps=c.rps * k) for f, c in d.fallback.items()})
+    return out
+
+
+def _grows_by(sig: ModelSignals | None, cfg: Settings, horizon_s: float) -> float:
+    """How many times its value now the arrival rate's line over ``rise_window_s`` reaches one horizon
+    ahead (1: flat; inf with too short a history to tell; 1 where the line is off)."""
+    n = round(cfg.rise_window_s / cfg.history_window_s)
+    if n < 3:
+        return 1.0
+    if sig is None or len(sig.rate_history) < n:
+        return math.inf
+    now = line_ahead(sig.rate_history[-n:], 0.0)
+    return line_ahead(sig.rate_history[-n:], horizon_s / cfg.history_window_s) / now if now > 0 else math.inf
 
 
 def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered], cfg: Settings, now: float,

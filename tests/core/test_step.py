@@ -105,6 +105,8 @@ def test_settings_files_name_the_file_and_the_field(tmp_path: Path) -> None:
     for text, message in (("perod_s: 5\n", "perod_s: unknown setting"),
                           ("planner:\n  solver: fast\n", "PlannerSettings.solver must be auto, exact or greedy"),
                           ("estimate:\n  burst_floor: maybe\n", "estimate.burst_floor: Input should be a valid boolean"),
+                          ("estimate:\n  target_utilization: 1.5\n",
+                           "EstimateSettings.target_utilization must be in (0, 1]"),
                           ("act: 3\n", "act: must be a mapping")):
         f.write_text(text)
         with pytest.raises(CatalogError, match=str(f).replace(".", r"\.")) as e:
@@ -148,3 +150,35 @@ def test_the_step_gives_a_rising_demand_the_rate_its_line_reaches_one_horizon_ah
     d = step(on).demands["mistral-7b"]
     # Rising: about 0.19 req/s a window, 10 windows past the last one; flat: no rise above the demand.
     assert (d.rise_rps > 4.5) == rising and (d.rise_rps == 0.0) == (not rising)
+
+
+@pytest.mark.parametrize(("counts", "smooth"), [
+    # 3 req/s, then a level of 6 req/s for ten minutes: bursts last minutes (sharpness about 1).
+    ((15.0,) * 600 + (30.0,) * 120, True),
+    # 3 req/s with 10-s spikes of 30 req/s: bursts come and go within the minute.
+    (tuple(150.0 if i % 60 in (0, 1) else 15.0 for i in range(720)), False)])
+def test_a_model_whose_bursts_last_runs_hotter_once_its_slo_record_earned_it_while_not_ramping(
+        counts: tuple[float, ...], smooth: bool) -> None:
+    from dataclasses import replace
+
+    from rayscale.config import load_catalog
+    from rayscale.core.feedback import Delivered
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s", "a10g"])
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 6.0, SHORT, waiting=0.0, arrival_counts=counts,
+                       arrival_bin_s=5.0)
+    est = replace(Settings().estimate, smooth_target_utilization=0.9)
+    ctx = StepContext(7200.0, cat, {"mistral-7b": sig}, (), ServeView({}, {}),
+                      replace(Settings(), estimate=est), StepState())
+    flat = step(replace(ctx, settings=Settings())).demands["mistral-7b"]
+    assert (0 < flat.burst_sharpness <= Settings().planner.sharp_bursts_above) == smooth
+    flat_history, ramp = (6.0,) * 12, tuple(4.0 + 0.2 * i for i in range(11))
+    for factor, history, earned in ((1.0, flat_history, False), (0.9, flat_history, smooth), (0.9, ramp, False),
+                                    (0.9, (), False)):
+        record = {"mistral-7b": Delivered(6.0, 6.0, 1e5, 7195.0, factor, since_s=0.0)}
+        state = StepState(delivered=record, rate_history={"mistral-7b": history}, next_history_s=7260.0)
+        d = step(replace(ctx, state=state)).demands["mistral-7b"]
+        for f, c in d.capacity.items():
+            assert c.rps == pytest.approx(flat.capacity[f].rps * (0.9 / 0.8 if earned else 1.0))
+        shipped = step(replace(ctx, state=state, settings=Settings())).demands["mistral-7b"]
+        assert (d.rps, d.burst_rps) == (shipped.rps, shipped.burst_rps)  # the demand is not rescaled
