@@ -382,9 +382,15 @@ def _mode(b: _Build, name: str, d: Demand | None, cur: dict[Key, int], cur_cap: 
     return _scale_down_or_wait(b, name, d, cur, cur_cap)
 
 
+def bursts_last(cfg: PlannerSettings, d: Demand) -> bool:
+    """Whether the model's bursts last a minute or more (the load moves as a level): its burst floor is
+    at most ``sharp_bursts_above`` x the hour's busiest minute."""
+    return 0 < d.burst_sharpness <= cfg.sharp_bursts_above
+
+
 def _band(cfg: PlannerSettings, d: Demand) -> float:
     """The hysteresis band for the model's demand: narrower where its bursts last a minute or more."""
-    if cfg.smooth_hysteresis_band is not None and 0 < d.burst_sharpness <= cfg.sharp_bursts_above:
+    if cfg.smooth_hysteresis_band is not None and bursts_last(cfg, d):
         return cfg.smooth_hysteresis_band
     return cfg.hysteresis_band
 

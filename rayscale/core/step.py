@@ -27,7 +27,7 @@ from rayscale.core.estimate import (
 )
 from rayscale.core.feedback import Delivered, delivered
 from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal, line_ahead
-from rayscale.core.plan import Plan, PlannerMemory, plan
+from rayscale.core.plan import Plan, PlannerMemory, bursts_last, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.spot import SpotRecord, observe, rates
@@ -187,7 +187,7 @@ def _with_smooth_utilization(demands: Mapping[str, Demand], record: Mapping[str,
     out = dict(demands)
     for name, d in demands.items():
         rec = record.get(name)
-        if not 0 < d.burst_sharpness <= cfg.planner.sharp_bursts_above or rec is None or rec.factor >= 1.0:
+        if not bursts_last(cfg.planner, d) or rec is None or rec.factor >= 1.0:
             continue
         if _grows_by(signals.get(name), cfg, horizon_s) >= k or _rising(d, signals.get(name), cfg) is not None:
             continue
