@@ -14,6 +14,7 @@ from rayscale.controller.loop import ControllerConfig
 from rayscale.core import step as step_mod
 from rayscale.core.act import CreateGang, Gang, GangPhase, SetReplicas
 from rayscale.core.catalog import CatalogError
+from rayscale.core.plan import bursts_last
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.step import ServeView, StepContext, StepState, step
@@ -171,7 +172,7 @@ def test_a_model_whose_bursts_last_runs_hotter_once_its_slo_record_earned_it_whi
     ctx = StepContext(7200.0, cat, {"mistral-7b": sig}, (), ServeView({}, {}),
                       replace(Settings(), estimate=est), StepState())
     flat = step(replace(ctx, settings=Settings())).demands["mistral-7b"]
-    assert (0 < flat.burst_sharpness <= Settings().planner.sharp_bursts_above) == smooth
+    assert bursts_last(Settings().planner, flat) == smooth
     flat_history, ramp = (6.0,) * 12, tuple(4.0 + 0.2 * i for i in range(11))
     for factor, history, earned in ((1.0, flat_history, False), (0.9, flat_history, smooth), (0.9, ramp, False),
                                     (0.9, (), False)):
@@ -180,5 +181,6 @@ def test_a_model_whose_bursts_last_runs_hotter_once_its_slo_record_earned_it_whi
         d = step(replace(ctx, state=state)).demands["mistral-7b"]
         for f, c in d.capacity.items():
             assert c.rps == pytest.approx(flat.capacity[f].rps * (0.9 / 0.8 if earned else 1.0))
+        assert ("utilisation (bursts last, SLO met)" in d.reason) == earned  # the plan says why
         shipped = step(replace(ctx, state=state, settings=Settings())).demands["mistral-7b"]
         assert (d.rps, d.burst_rps) == (shipped.rps, shipped.burst_rps)  # the demand is not rescaled
