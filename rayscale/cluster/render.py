@@ -37,6 +37,11 @@ Design: who creates and who removes accelerator nodes.
 - KubeRay's in-tree autoscaler is off (``enableInTreeAutoscaling: false``): rayscale is the only writer
   of worker-group replicas, and it only lowers them together with ``scaleStrategy.workersToDelete``
   naming the exact pods of a drained gang (KubeRay deletes surplus pods in list order otherwise).
+- Worker pods run with ``restartPolicy: Never``, the value KubeRay requires of autoscaled clusters
+  (``ray-operator/controllers/ray/utils/validation.go``, autoscaler v2): a Ray node that exits (a drained
+  raylet does once idle) is not restarted in place on its Node; KubeRay deletes the finished pod
+  (``shouldDeletePod`` in ``raycluster_controller.go``) and creates another, which the drained gang's
+  cordoned Nodes do not take (rayscale/cluster/kube/actuator.py).
 """
 
 from __future__ import annotations
@@ -324,6 +329,7 @@ def worker_group(flavor: Flavor, it: InstanceType, settings: RenderSettings, fas
                     }
                 ],
                 "volumes": volumes,
+                "restartPolicy": "Never",
             },
         },
     }

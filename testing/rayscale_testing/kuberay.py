@@ -12,6 +12,10 @@ Modelled on ray-project/kuberay ``ray-operator/controllers/ray/raycluster_contro
   (``updateRayStartParamsLabels``, which ``rayscale_testing.raypods`` follows);
 - the desired count is ``replicas`` clamped to [minReplicas, maxReplicas] times ``numOfHosts``
   (``GetWorkerGroupDesiredReplicas``), 0 when ``suspend``;
+- a worker pod that will not run again is deleted first (``shouldDeletePod``): phase ``Failed`` or
+  ``Succeeded``, or ``Running`` with its Ray container (the first) terminated and ``restartPolicy: Never``
+  (with ``Always`` or ``OnFailure`` the kubelet restarts it, and KubeRay leaves it); once it deleted such
+  pods the pass ends there (the reconcile returns an error and is queued again);
 - every pod named in ``scaleStrategy.workersToDelete`` is deleted on every pass, whatever
   ``replicas`` says (404 ignored); the diff is then taken against the remaining pods, so the client
   must lower ``replicas`` in the same write or KubeRay creates replacements;
@@ -61,6 +65,18 @@ def desired_workers(group: Obj) -> int:
     if hi is not None and n > hi:
         n = int(hi)
     return int(n) * max(1, int(group.get("numOfHosts") or 1))
+
+
+def should_delete_pod(pod: Obj) -> bool:
+    """KubeRay's ``shouldDeletePod``: the pod cannot run again (a terminal phase, or its Ray container
+    terminated under ``restartPolicy: Never``)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Failed", "Succeeded"):
+        return True
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    ray: Obj = next((c for c in status.get("containerStatuses") or () if c.get("name") == containers[0].get("name")), {})
+    terminated = bool((ray.get("state") or {}).get("terminated"))
+    return status.get("phase") == "Running" and terminated and (pod.get("spec") or {}).get("restartPolicy") == "Never"
 
 
 def _running_ready(pod: Obj) -> bool:
@@ -130,6 +146,11 @@ class KubeRayStandIn(StandIn):
                 for p in gpods:
                     self._delete_pod(ns, p["metadata"]["name"])
                 continue
+            unhealthy = [p for p in gpods if should_delete_pod(p)]
+            for p in unhealthy:
+                self._delete_pod(ns, p["metadata"]["name"])
+            if unhealthy:
+                return  # upstream returns an error here: the next pass goes on
             deleted: set[str] = set()
             to_delete = list((group.get("scaleStrategy") or {}).get("workersToDelete") or [])
             for pod_name in to_delete:

@@ -21,6 +21,11 @@ removes it when the pod is deleted, as a kubelet runs and stops the pod's ``ray 
   is restarted, as a kubelet does (``restartPolicy: Always``), up to ``max_restarts`` times with a short
   back-off, the pod not Ready meanwhile; starts run one at a time (``parallel_starts``), since Ray nodes
   starting together on two cores is what makes them time out;
+- under ``restartPolicy: Never`` (what rayscale renders) a container that ends is not restarted: a failed
+  start, or a Ray node that exits while its pod runs (a drained raylet does once idle; looked for every
+  ``exit_poll_s``), leaves the Ray container terminated and the pod ``Failed``, for KubeRay to delete
+  (``rayscale_testing.kuberay``). A node exiting under another policy would be restarted in place by a
+  kubelet; that is not modelled;
 - termination is graceful: the kubelet puts ``rayscale.io/test-kubelet`` on the pods it runs (the
   emulator has no kubelet, so a pod without a finalizer goes at once), so a deleted pod stays
   Terminating until its Ray node is drained (``LocalCluster.remove_node``: no new work, then stopped)
@@ -97,6 +102,10 @@ def ray_start_params(group: Mapping[str, Any], container: Mapping[str, Any]) -> 
     return {"num-cpus": cpus, "num-gpus": gpus, "resources": resources}
 
 
+def _never(pod: Mapping[str, Any] | None) -> bool:
+    return ((pod or {}).get("spec") or {}).get("restartPolicy") == "Never"
+
+
 def ray_node_labels(group: Mapping[str, Any]) -> dict[str, str]:
     """The Ray node labels of the ``ray start`` KubeRay generates for a worker of ``group``: its
     ``labels`` (``updateRayStartParamsLabels`` in ray-project/kuberay ``ray-operator/controllers/ray/
@@ -116,7 +125,7 @@ class PodRun:
     ip: str
     node_id: str | None = None  # the LocalCluster node id once it was started
     ray_node_id: str | None = None
-    state: str = "starting"  # starting, running, failed, stopping, stopped
+    state: str = "starting"  # starting, running, failed, exited, stopping, stopped
     error: str = ""
     restarts: int = 0
     started_s: float | None = None
@@ -142,10 +151,13 @@ class RayPodKubelet(StandIn):
         max_restarts: int = 3,
         restart_backoff_s: float = 2.0,
         parallel_starts: int = 1,
+        exit_poll_s: float = 2.0,
         clock: Clock | None = None,
         tick: float = 0.25,
     ) -> None:
         super().__init__(store, clock=clock, tick=tick)
+        self.exit_poll_s = exit_poll_s
+        self._next_exit_poll = 0.0
         self.cluster = cluster
         self.namespace = namespace
         self.raycluster = raycluster
@@ -211,6 +223,29 @@ class RayPodKubelet(StandIn):
             gone = [r for uid, r in self.runs.items() if uid not in seen and r.state not in ("stopping", "stopped")]
         for r in gone:
             self._stop_pod(r)
+        if time.monotonic() >= self._next_exit_poll:
+            self._next_exit_poll = time.monotonic() + self.exit_poll_s
+            self._find_exits({p["metadata"]["uid"]: p for p in pods if p["metadata"]["uid"] in seen})
+
+    def _find_exits(self, pods: Mapping[str, Obj]) -> None:
+        """Pods under ``restartPolicy: Never`` whose running Ray node exited: their container is done."""
+        with self._lock:
+            running = [r for r in self.runs.values() if r.state == "running" and r.node_id is not None
+                       and _never(pods.get(r.uid))]
+        if not running:
+            return
+        try:
+            alive = {n.id for n in self.cluster.nodes()}
+        except Exception:  # the head is busy or restarting: look again next time
+            log.debug("listing the Ray nodes failed", exc_info=True)
+            return
+        for run in running:
+            if run.node_id not in alive:
+                with self._lock:
+                    if run.state != "running":
+                        continue
+                    run.state = "exited"
+                self._set_terminated(run, "the Ray node exited")
 
     def _allocate_ip(self) -> str:
         with self._lock:
@@ -265,7 +300,8 @@ class RayPodKubelet(StandIn):
         )
 
     def _run_node(self, run: PodRun, pod: Obj) -> None:
-        for attempt in range(self.max_restarts + 1):
+        restarts = 0 if _never(pod) else self.max_restarts
+        for attempt in range(restarts + 1):
             if run.state != "starting":
                 return  # deleted before (re)starting
             node_id = None
@@ -283,10 +319,15 @@ class RayPodKubelet(StandIn):
                 if node_id is not None:
                     with contextlib.suppress(Exception):
                         self.cluster.remove_node(node_id, grace_s=0)
-                if attempt == self.max_restarts:
-                    log.exception("Ray node for pod %s/%s did not start", run.namespace, run.pod)
+                if attempt == restarts:
                     with self._lock:
                         run.state = "failed"
+                    if restarts == 0:  # restartPolicy Never: the pod is done, KubeRay replaces it
+                        log.warning("Ray node for pod %s/%s did not start (%s)", run.namespace, run.pod,
+                                    run.error.splitlines()[0])
+                        self._set_terminated(run, run.error[:500])
+                        return
+                    log.exception("Ray node for pod %s/%s did not start", run.namespace, run.pod)
                     self.errors.append(e)
                     self._set_status(run, ready=False, message=run.error[:500])
                     return
@@ -328,6 +369,24 @@ class RayPodKubelet(StandIn):
         status.update(conditions=conds, phase="Running" if ready else status.get("phase", "Pending"),
                       containerStatuses=[{"name": container, "ready": ready, "restartCount": run.restarts,
                                           "image": "", "imageID": ""}])
+        with contextlib.suppress(ApiError):
+            self.store.patch("pods", run.pod, {"status": status}, run.namespace, subresource="status")
+
+    def _set_terminated(self, run: PodRun, message: str) -> None:
+        """The Ray container ended and will not restart: the pod ``Failed`` (``ray start --block`` exits 1
+        once its raylet is gone)."""
+        pod = self.store.try_get("pods", run.pod, run.namespace)
+        if pod is None or pod["metadata"]["uid"] != run.uid or pod["metadata"].get("deletionTimestamp"):
+            return
+        status = dict(pod.get("status") or {})
+        conds = list(status.get("conditions") or [])
+        for type_ in ("ContainersReady", "Ready"):
+            set_condition(conds, type_, "False", "PodFailed", message)
+        container = (((pod.get("spec") or {}).get("containers") or [{}])[0]).get("name", "ray-worker")
+        terminated = {"exitCode": 1, "reason": "Error", "message": message, "finishedAt": now_rfc3339()}
+        status.update(conditions=conds, phase="Failed",
+                      containerStatuses=[{"name": container, "ready": False, "restartCount": run.restarts,
+                                          "image": "", "imageID": "", "state": {"terminated": terminated}}])
         with contextlib.suppress(ApiError):
             self.store.patch("pods", run.pod, {"status": status}, run.namespace, subresource="status")
 

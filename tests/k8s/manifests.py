@@ -39,8 +39,9 @@ def raycluster(
     autoscaling: bool = False,
     flavor: str = "a10g",
     namespace: str = "default",
+    restart_policy: str | None = None,
 ) -> dict[str, Any]:
-    return {
+    rc: dict[str, Any] = {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
         "metadata": {"name": name, "namespace": namespace},
@@ -78,3 +79,6 @@ def raycluster(
             ],
         },
     }
+    if restart_policy is not None:
+        rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["restartPolicy"] = restart_policy
+    return rc

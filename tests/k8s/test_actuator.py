@@ -453,3 +453,39 @@ def test_a_drain_ray_refused_marks_nothing_so_the_next_period_asks_again(world: 
     (g,) = w.tick()
     assert not g.draining
     assert all("rayscale.io/draining" not in (c["metadata"].get("annotations") or {}) for c in w.claims(g.name))
+
+
+def test_a_drained_gangs_nodes_are_cordoned_so_kuberays_replacement_pod_waits_for_the_release(
+        world: World) -> None:
+    """A drained raylet exits once idle. Under the rendered ``restartPolicy: Never`` its pod turns Failed
+    (the kubelet's part, played here), KubeRay deletes it and creates another (``shouldDeletePod``), and
+    the cordoned Nodes do not take it: no Ray node comes back on a gang being let go. The release then
+    names the waiting pod in ``workersToDelete``, and the gang's claims go."""
+    w = world
+    w.act = KubeActuator(w.catalog, w.api.api_client(), w.config, seed=1, drainer=_Gcs())
+    (g,) = up(w)
+    assert all(p["spec"]["restartPolicy"] == "Never" for p in w.workers())
+    group = w.workers()[0]["metadata"]["labels"]["ray.io/group"]
+    nodes = {c["status"]["nodeName"] for c in w.claims(g.name)}
+    w.act.drain_gang(g.name)
+    assert all(w.api.store.get("nodes", n)["spec"].get("unschedulable") for n in nodes)
+    one = sorted(nodes)[0]
+    w.api.store.patch("nodes", one, {"spec": {"unschedulable": False}})  # someone uncordons it
+    w.tick()
+    assert w.api.store.get("nodes", one)["spec"]["unschedulable"]  # every pass cordons it again
+    drained = next(p for p in w.workers(group) if p["spec"]["nodeName"] in nodes)
+    w.api.store.patch("pods", drained["metadata"]["name"], {"status": {"phase": "Failed"}}, NS,
+                      subresource="status")
+    w.tick()
+    w.tick()
+    pods = w.workers(group)
+    assert drained["metadata"]["name"] not in {p["metadata"]["name"] for p in pods}
+    waiting = [p for p in pods if not p["spec"].get("nodeName")]
+    assert len(waiting) == 1 and len(pods) == 2  # the replacement, unbound; the other member's pod runs
+    (g,) = w.tick()
+    assert g.draining and g.phase == GangPhase.PENDING  # no worker on one node: nothing serves there
+    assert all(w.api.store.get("nodes", n)["spec"].get("unschedulable") for n in nodes)
+    w.act.delete_gang(g.name)  # the step releases a drained gang that serves nothing
+    gangs = w.until(lambda gs: not gs and not w.claims(g.name), what="the drained gang released")
+    assert gangs == [] and w.workers(group) == []
+    assert w.group(group)["replicas"] == 0

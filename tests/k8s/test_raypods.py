@@ -45,6 +45,7 @@ class FakeCluster:
     removed: list[str] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
     failures: int = 0  # the first starts that fail (a raylet timing out on a busy machine)
+    exited: set[str] = field(default_factory=set)  # nodes whose raylet exited (a drain done)
 
     def add_node(self, flavor: LocalFlavor, node_ip: str | None = None, wait: bool = True) -> str:
         self.added.append((flavor, node_ip))
@@ -55,6 +56,11 @@ class FakeCluster:
             self.failures -= 1
             raise RuntimeError(f"node {node_id} exited while starting")
         return type("Node", (), {"ray_node_id": f"ray-{node_id}"})()
+
+    def nodes(self) -> list[Any]:
+        """The alive nodes, as LocalCluster.nodes() lists them."""
+        started = [f"{f.name}-{i}" for i, (f, _) in enumerate(self.added, start=1)]
+        return [type("Node", (), {"id": n})() for n in started if n not in self.exited and n not in self.removed]
 
     def remove_node(self, node_id: str, grace_s: float | None = None) -> None:
         if grace_s != 0:  # a failed start is cleaned up at once; a drain waits for the test
@@ -71,7 +77,7 @@ def store(api: KubeAPIServer) -> Store:
     return api.store
 
 
-def one_bound_worker_pod(store: Store, kubelet: RayPodKubelet) -> KubeRayStandIn:
+def one_bound_worker_pod(store: Store, kubelet: RayPodKubelet, restart_policy: str | None = None) -> KubeRayStandIn:
     """A GPU node from Karpenter and a one-worker RayCluster whose pod KubeRay created and bound; running
     it is left to ``kubelet``."""
     kuberay = KubeRayStandIn(store, external_kubelet=kubelet.runs_pod)
@@ -79,7 +85,7 @@ def one_bound_worker_pod(store: Store, kubelet: RayPodKubelet) -> KubeRayStandIn
     store.create("nodeclaims", nodeclaim("g-0", taints=[{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]))
     for _ in range(6):
         karpenter.step()
-    store.create("rayclusters", raycluster("rc", replicas=1))
+    store.create("rayclusters", raycluster("rc", replicas=1, restart_policy=restart_policy))
     kuberay.step()
     return kuberay
 
@@ -127,5 +133,58 @@ def test_a_failed_ray_start_is_restarted_like_a_container(store: Store) -> None:
     assert cluster.removed == ["a10g-1", "a10g-2"]  # the failed starts cleaned up
     run = kubelet.run_of(pod["metadata"]["name"])
     assert run is not None and run.state == "running" and run.node_id == "a10g-3" and not kubelet.errors
+    cluster.release.set()
+    kubelet.close()
+
+
+def test_under_restart_policy_never_an_exited_ray_node_fails_its_pod_and_kuberay_replaces_it(store: Store) -> None:
+    """A drained raylet exits once idle: under ``restartPolicy: Never`` its container is not restarted in
+    place, the pod turns Failed, and KubeRay deletes it (``shouldDeletePod``) and creates another."""
+    cluster = FakeCluster()
+    kubelet = RayPodKubelet(store, cluster, namespace="default", raycluster="rc", exit_poll_s=0.0)  # type: ignore[arg-type]
+    kuberay = one_bound_worker_pod(store, kubelet, restart_policy="Never")
+    kubelet.step()
+    wait_for(lambda: pods(store)[0]["status"].get("phase") == "Running", 5, what="pod Running")
+    (pod,) = pods(store)
+    first = pod["metadata"]["name"]
+    kubelet.step()
+    assert kubelet.run_of(first).state == "running"  # type: ignore[union-attr]  # alive: nothing ends
+    cluster.exited.add("a10g-1")
+    kubelet.step()
+    (pod,) = pods(store)
+    assert pod["status"]["phase"] == "Failed" and kubelet.run_of(first).state == "exited"  # type: ignore[union-attr]
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
+    assert len(cluster.added) == 1  # not restarted in place
+    kuberay.step()  # deletes the failed pod; it stays Terminating until the kubelet let its node go
+    assert [p["metadata"]["name"] for p in pods(store) if p["metadata"].get("deletionTimestamp")] == [first]
+    cluster.release.set()
+    kubelet.step()
+    wait_for(lambda: all(p["metadata"]["name"] != first for p in pods(store)), 5, what="the failed pod gone")
+    kuberay.step()  # and creates its replacement, which runs as a new Ray node
+    (pod,) = pods(store)
+    assert pod["metadata"]["name"] != first
+    kubelet.step()
+    wait_for(lambda: pods(store)[0]["status"].get("phase") == "Running", 5, what="the replacement Running")
+    assert [ip for _, ip in cluster.added] == ["127.0.0.3", "127.0.0.4"] and not kubelet.errors
+    kubelet.close()
+
+
+def test_under_restart_policy_never_a_failed_start_is_not_restarted(store: Store) -> None:
+    cluster = FakeCluster(failures=1)
+    kubelet = RayPodKubelet(store, cluster, namespace="default", restart_backoff_s=0.01)  # type: ignore[arg-type]
+    kuberay = one_bound_worker_pod(store, kubelet, restart_policy="Never")
+    kubelet.step()
+    wait_for(lambda: pods(store)[0]["status"].get("phase") == "Failed", 5, what="pod Failed")
+    (pod,) = pods(store)
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0 and len(cluster.added) == 1
+    assert cluster.removed == ["a10g-1"] and not kubelet.errors  # the failed start cleaned up
+    kuberay.step()
+    kubelet.step()
+    wait_for(lambda: all(p["metadata"]["name"] != pod["metadata"]["name"] for p in pods(store)), 5,
+             what="KubeRay deletes the failed pod")
+    kuberay.step()
+    kubelet.step()
+    wait_for(lambda: [p["status"].get("phase") for p in pods(store)] == ["Running"], 5,
+             what="its replacement Running")
     cluster.release.set()
     kubelet.close()

@@ -117,6 +117,8 @@ def test_raycluster_head_on_the_x86_pool_and_a_worker_group_per_flavor(files: di
                                                      "effect": "NoSchedule"}]
     n = groups["inf2-inf2-xlarge"]
     assert "neuron_cores" in n["rayStartParams"]["resources"]
+    # A Ray node that exits (a drained raylet) is not restarted in place: KubeRay replaces its pod.
+    assert {g["template"]["spec"]["restartPolicy"] for g in groups.values()} == {"Never"}
     serve = yaml.safe_load(svc["spec"]["serveConfigV2"])
     assert serve["applications"] and all(a["import_path"].startswith("rayscale.") for a in serve["applications"])
 

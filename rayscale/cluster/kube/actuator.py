@@ -46,8 +46,12 @@ its worker group is that slot's, whose Ray node labels its Serve slot deployment
 ``Gang.slot`` is read back from the claims. With every slot held the gang is refused (FAILED).
 
 Drain (with a ``drainer``, rayscale.cluster.ray_drain): ``drain_gang`` drains the Ray nodes of the gang's
-worker pods, found by pod IP in the driven cluster's GCS, then marks its claims ``rayscale.io/draining``;
-the gang reports ``draining`` from then on, Serve moves its replicas off, and the step releases it.
+worker pods, found by pod IP in the driven cluster's GCS, cordons its Nodes (``spec.unschedulable``, as
+``kubectl drain`` does first) and marks its claims ``rayscale.io/draining``; the gang reports ``draining``
+from then on (every pass keeps its Nodes cordoned), Serve moves its replicas off, and the step releases it.
+A drained raylet exits once idle; its pod (``restartPolicy: Never``, rayscale.cluster.render) is not
+restarted in place, and the one KubeRay creates in its place stays Pending on the cordoned Nodes until the
+release names it in ``workersToDelete``.
 
 Down: ``delete_gang`` (after Serve drained it) marks the claims; then the claims and Nodes lose
 ``do-not-disrupt`` and the Nodes the admission label; the worker group's replicas are lowered and
@@ -465,6 +469,8 @@ class KubeActuator:
         cluster = _labels(claims[0]).get(LABEL_RAYCLUSTER) or (
             self._primary() if self.config.rayservice else self.config.raycluster)
         self.drainer.drain(cluster, ips, f"rayscale drain {name}")
+        for node in sorted(nodes):
+            self._patch_node(node, {"spec": {"unschedulable": True}})
         for c in claims:
             if ANN_DRAINING not in _annotations(c):
                 self._patch_claim(c["metadata"]["name"], {"metadata": {"annotations": {ANN_DRAINING: "true"}}})
@@ -799,8 +805,17 @@ class KubeActuator:
             if _annotations(n).get(ANN_DO_NOT_DISRUPT) != "true" and not n["metadata"].get("deletionTimestamp"):
                 self._patch_node(n["metadata"]["name"], {"metadata": {"annotations": {ANN_DO_NOT_DISRUPT: "true"}}})
 
+    def _cordon_drained(self, v: _View) -> None:
+        """Keep a draining gang's Nodes unschedulable: no Ray worker pod may start on them again."""
+        if not any(ANN_DRAINING in _annotations(c) for c in v.claims.values()):
+            return
+        for n in v.nodes.values():
+            if not (n.get("spec") or {}).get("unschedulable") and not n["metadata"].get("deletionTimestamp"):
+                self._patch_node(n["metadata"]["name"], {"spec": {"unschedulable": True}})
+
     def _advance(self, v: _View, now: float) -> None:
         self._protect(v)
+        self._cordon_drained(v)
         v.reason = self._failure(v, now)
         if v.reason:
             return  # the controller deletes it whole; nothing more to build
