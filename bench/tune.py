@@ -79,6 +79,7 @@ def variants() -> dict[str, Settings]:
         "feedback relax 0.4/h": replace(s, feedback=replace(fb, relax_per_h=0.4)),
         "feedback relax above 0.5": replace(s, feedback=replace(fb, relax_above=0.5)),
         "feedback min 0.7": replace(s, feedback=replace(fb, min_factor=0.7)),
+        "feedback min 0.8": replace(s, feedback=replace(fb, min_factor=0.8)),  # shipped before tune_min_factor.md
         "feedback tighten 1.0/h": replace(s, feedback=replace(fb, tighten_per_h=1.0)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
