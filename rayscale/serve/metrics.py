@@ -332,39 +332,20 @@ class IngressMetrics:
 # --- reading them back --------------------------------------------------------------------------
 
 
-def metrics_export_urls() -> list[str]:
-    """Prometheus endpoints of every alive Ray node (``MetricsExportPort`` in ray.nodes())."""
-    import ray
-
-    urls = []
-    for n in ray.nodes():
-        if n.get("Alive") and n.get("MetricsExportPort"):
-            urls.append(f"http://{n['NodeManagerAddress']}:{n['MetricsExportPort']}/metrics")
-    return urls
-
-
-def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) for every sample of a Prometheus text exposition."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = []
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.append((s.name, dict(s.labels), float(s.value)))
-    return out
-
-
 def scrape_metrics(prefix: str, timeout_s: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
     """All samples whose name starts with ``prefix`` from all nodes of the connected Ray cluster."""
     import httpx
 
+    from rayscale.signals.scrape import ray_metrics_endpoints  # signals read this module's names
+    from rayscale.signals.window import parse_prometheus
+
     samples = []
-    for url in metrics_export_urls():
+    for url in ray_metrics_endpoints():
         try:
             r = httpx.get(url, timeout=timeout_s)
         except httpx.HTTPError:
             continue  # a node going away; its series are simply missing this round
-        samples += [s for s in parse_prometheus(r.text) if s[0].startswith(prefix)]
+        samples += [(name, dict(labels), v) for (name, labels), v in parse_prometheus(r.text, prefix).items()]
     return samples
 
 

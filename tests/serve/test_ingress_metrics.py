@@ -112,3 +112,26 @@ def test_ingress_exports_in_flight_accepted_and_client_ttft(tiny_vllm_app: str) 
         assert delivered((1e-4, 0.1)).slo_met == pytest.approx(0.0, abs=0.05)
     finally:
         scraper.close()
+
+
+@pytest.mark.ray
+@pytest.mark.vllm
+def test_the_scraper_reads_real_ray_expositions_as_a_full_parse_would(tiny_vllm_app: str) -> None:
+    """parse_prometheus reads only the lines of the series it keeps (exposition_of); on every node's real
+    exposition, with Ray's own metrics beside the engines' and the ingress's, it keeps exactly what
+    prometheus_client's parser of the whole text keeps."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rayscale.signals.scrape import ray_metrics_endpoints
+    from rayscale.signals.window import PREFIXES, exposition_of, parse_prometheus
+
+    wait_for(lambda: _ingress_totals(EMULATED_MODEL), timeout_s=60, what="ingress series exported")
+    kept = 0
+    for url in ray_metrics_endpoints():
+        text = httpx.get(url, timeout=10).text
+        full = {(s.name, tuple(sorted(s.labels.items()))): float(s.value)
+                for fam in text_string_to_metric_families(text) for s in fam.samples if s.name.startswith(PREFIXES)}
+        assert parse_prometheus(text) == full, url
+        kept += len(full)
+        assert len(exposition_of(text, PREFIXES)) < len(text) / 2, url  # Ray's own metrics are most of it
+    assert kept > 0

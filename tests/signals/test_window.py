@@ -12,6 +12,7 @@ from rayscale.signals.window import (
     GEN,
     GEN_HIST,
     PREFILL,
+    PREFIXES,
     PROMPT,
     PROMPT_HIST,
     RUNNING,
@@ -19,6 +20,7 @@ from rayscale.signals.window import (
     WAITING,
     Scrape,
     aggregate,
+    exposition_of,
     histogram_quantile,
     labels,
     mix_only,
@@ -149,6 +151,37 @@ def test_parse_prometheus_text() -> None:
     )
     s = parse_prometheus(text)
     assert s == {("ray_vllm_num_requests_running", (("ReplicaId", "x"), ("flavor", "cpu"), ("model", "m"))): 3.0}
+
+
+def test_parse_reads_only_the_kept_families_and_keeps_what_a_full_parse_keeps() -> None:
+    """exposition_of passes a kept family's HELP, TYPE and samples (a histogram's too) and nothing else; the
+    parse of what it passes equals the full parse filtered by name, escapes and odd spacing included."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (
+        "# HELP ray_grpc_server_req_total Ray's own: \\n not a line break\n"
+        "# TYPE ray_grpc_server_req_total counter\n"
+        'ray_grpc_server_req_total{Method="ray_vllm_fake"} 7.0\n'
+        "# HELP ray_vllm_e2e_request_latency_seconds End to end,\\n escaped\n"
+        "# TYPE ray_vllm_e2e_request_latency_seconds histogram\n"
+        'ray_vllm_e2e_request_latency_seconds_bucket{le="1.0",model="m"} 2.0\n'
+        'ray_vllm_e2e_request_latency_seconds_bucket{le="+Inf",model="m"} 3.0\n'
+        'ray_vllm_e2e_request_latency_seconds_sum{model="m"} 4.5\n'
+        'ray_vllm_e2e_request_latency_seconds_count{model="m"} 3.0\n'
+        "# a comment\n"
+        '  ray_rayscale_ingress_in_flight{model="m",note="# TYPE ray_x gauge"} 2.0\n'
+        "# TYPE ray_vll gauge\nray_vll 1.0\n"
+        "\n"
+    )
+    kept = exposition_of(text, PREFIXES)
+    assert "ray_grpc" not in kept and "ray_vll " not in kept and "a comment" not in kept
+    lines = kept.splitlines()
+    assert [x.split()[1] for x in lines if x.startswith("#")] == ["HELP", "TYPE"] and len(lines) == 7
+    full = {(s.name, tuple(sorted(s.labels.items()))): float(s.value)
+            for fam in text_string_to_metric_families(text) for s in fam.samples if s.name.startswith(PREFIXES)}
+    assert parse_prometheus(text) == full
+    assert len(full) == 5
+    assert exposition_of("# TYPE ray_other gauge\nray_other 1\n", PREFIXES) == ""
 
 
 def test_length_quantiles_come_from_the_token_histograms_of_the_window() -> None:
