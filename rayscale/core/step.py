@@ -228,7 +228,7 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             out[name] = replace(d, reason=f"{why}, not applied: rising above the {level:.2f} req/s held")
             continue
         covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
-        burst = factor if factor > 1.0 or covers else 1.0
+        burst = max(factor, cfg.feedback.burst_floor_min_factor) if factor > 1.0 or covers else 1.0
         rps = d.rps * factor
         arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s,
                                    cfg.window_s)
