@@ -81,11 +81,7 @@ def variants() -> dict[str, Settings]:
         "feedback min 0.7": replace(s, feedback=replace(fb, min_factor=0.7)),
         "feedback min 0.8": replace(s, feedback=replace(fb, min_factor=0.8)),  # shipped before tune_min_factor.md
         "feedback tighten 1.0/h": replace(s, feedback=replace(fb, tighten_per_h=1.0)),
-        "feedback without rebound": replace(s, feedback=replace(fb, rebound=None)),
-        "feedback rebound 0.05": replace(s, feedback=replace(fb, rebound=0.05)),
         "feedback trims the burst floor to 0.75": replace(s, feedback=replace(fb, burst_floor_min_factor=0.75)),
-        "feedback trims the burst floor to 0.75 without rebound": replace(
-            s, feedback=replace(fb, burst_floor_min_factor=0.75, rebound=None)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
         "feedback relaxes a young record": replace(s, feedback=replace(fb, relax_after_s=0.0)),

@@ -61,8 +61,9 @@ class FeedbackSettings:
     # ... but never below burst_floor_min_factor of it: the floor is the drain rate that clears the hour's
     # bursts within the TTFT target, a replay that already spends its own share of the miss budget, and
     # under sharp bursts a few percent of it is a replica whose absence misses a whole burst. Trimmed to
-    # 0.75 with the demand, 20-s needles of 30 req/s every 10 min met 97.75% (96.71% on one seed of 5;
-    # 99.13% at 0.8; bench/results/eval_shapes.md, a split no setting had been tuned on until then).
+    # 0.75 with the demand, 20-s needles of 30 req/s every 10 min met 97.75% (96.71% on one seed of 5; 99.13%
+    # at 0.8; bench/results/eval_shapes_floor_075.md, a split no setting had been tuned on until then); on
+    # dev the 0.8 costs 0.3-0.4% (bench/results/tune_burst_floor_min.md).
     burst_floor_min_factor: float = 0.8
     # Below 1 the factor never counts a model's demand below its mean arrival rate over the last
     # floor_window_s (0: no floor), while that rate still arrives (rayscale.core.step._sustained_rate). It
@@ -84,15 +85,6 @@ class FeedbackSettings:
     # replica's start-up. Applied there, a generated long-prompt day (9-min L40S start) met 96% on two
     # seeds of five; 0.2 met it on all five at the same cost, 0.3 did not (bench/results/tune_rise.md).
     rise_above: float | None = 0.2
-    # A relaxed factor (below 1) whose smoothed attainment falls below the goal returns at once to rebound
-    # above the factor it fell to (at most 1), and relaxes no lower than that for rebound_memory_s (None: it
-    # only tightens, by tighten_per_h). Attainment falls off a cliff a replica below the capacity a load
-    # needs, and the record takes a time constant to say so: relaxed to 0.75 on 20-s needles of 30 req/s
-    # every 10 min, 5 L40S missed each needle where 6 had met them all, and tightening at tighten_per_h
-    # took an hour to buy the 6th back (97.75% of requests in the SLO on the mean of 5 seeds;
-    # bench/results/eval_shapes.md). A break at the factor rebounded to ratchets it up another step.
-    rebound: float | None = 0.1
-    rebound_memory_s: float = 7200.0
 
     def __post_init__(self) -> None:
         checks = {"time_constant_s": self.time_constant_s > 0, "relax_above": 0 <= self.relax_above < 1,
@@ -101,8 +93,7 @@ class FeedbackSettings:
                   "min_requests": self.min_requests >= 0, "relax_after_s": self.relax_after_s >= 0,
                   "floor_window_s": self.floor_window_s >= 0, "floor_share": 0 < self.floor_share <= 1,
                   "rise_above": self.rise_above is None or self.rise_above >= 0,
-                  "burst_floor_min_factor": 0 < self.burst_floor_min_factor <= 1,
-                  "rebound": self.rebound is None or self.rebound > 0, "rebound_memory_s": self.rebound_memory_s >= 0}
+                  "burst_floor_min_factor": 0 < self.burst_floor_min_factor <= 1}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"FeedbackSettings.{name} is out of range, got {getattr(self, name)}")
@@ -120,17 +111,9 @@ class Delivered:
     at_s: float
     factor: float = 1.0
     since_s: float | None = None
-    # The factor does not relax below ``floor`` before ``floor_until_s``; ``short``: the smoothed attainment
-    # was below the goal at the last window (FeedbackSettings.rebound).
-    floor: float = 0.0
-    floor_until_s: float = 0.0
-    short: bool = False
 
     def age_s(self, now: float) -> float:
         return now - (self.at_s if self.since_s is None else self.since_s)
-
-    def floor_at(self, now: float) -> float:
-        return self.floor if now < self.floor_until_s else 0.0
 
     @property
     def attainment(self) -> float | None:
@@ -150,28 +133,13 @@ def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, no
         return Delivered(finished, met, sig.finished, now, since_s=now)
     dt = max(now - previous.at_s, 0.0)
     a = 1.0 - math.exp(-dt / settings.time_constant_s)
-    rec = replace(previous, finished_rps=previous.finished_rps + a * (finished - previous.finished_rps),
-                  met_rps=previous.met_rps + a * (met - previous.met_rps),
-                  requests=min(previous.requests + finished * dt, 1e12), at_s=now,
-                  since_s=previous.at_s if previous.since_s is None else previous.since_s)
+    rec = Delivered(previous.finished_rps + a * (finished - previous.finished_rps),
+                    previous.met_rps + a * (met - previous.met_rps),
+                    min(previous.requests + finished * dt, 1e12), now, previous.factor,
+                    previous.at_s if previous.since_s is None else previous.since_s)
     # Only observed time moves the factor: a model idle overnight (no request finished) has not earned a
     # night's worth of relaxing by its first morning window.
-    return rebounded(replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings)), previous.factor,
-                     goal, settings)
-
-
-def rebounded(record: Delivered, before: float, goal: float, settings: FeedbackSettings) -> Delivered:
-    """``record``, whose factor was ``before`` until this window, with the rebound of a relaxed factor whose
-    smoothed attainment has just fallen below the goal (FeedbackSettings.rebound); ``short`` kept."""
-    att = record.attainment
-    if not settings.enabled or att is None or record.requests < settings.min_requests:
-        return record
-    short = att < goal
-    if settings.rebound is None or not short or record.short or before >= 1.0:
-        return replace(record, short=short)
-    floor = min(max(before + settings.rebound, record.floor_at(record.at_s)), 1.0)
-    return replace(record, factor=max(record.factor, floor), floor=floor,
-                   floor_until_s=record.at_s + settings.rebound_memory_s, short=True)
+    return replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings))
 
 
 def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSettings) -> float:
@@ -187,7 +155,7 @@ def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSet
     if slack > settings.relax_above:
         if record.age_s(record.at_s) < settings.relax_after_s:
             return record.factor
-        return max(record.factor - settings.relax_per_h * hours, settings.min_factor, record.floor_at(record.at_s))
+        return max(record.factor - settings.relax_per_h * hours, settings.min_factor)
     if slack < 0:
         return min(record.factor + settings.tighten_per_h * min(-slack, 1.0) * hours, settings.max_factor)
     return record.factor

@@ -9,7 +9,7 @@ import pytest
 from rayscale.config import load_catalog
 from rayscale.core.act import Gang, GangPhase
 from rayscale.core.estimate import Demand, DemandState
-from rayscale.core.feedback import Delivered, FeedbackSettings, delivered, next_factor, rebounded
+from rayscale.core.feedback import Delivered, FeedbackSettings, delivered, next_factor
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.step import ServeView, StepContext, StepState, _with_feedback, step
@@ -67,36 +67,6 @@ def test_the_record_weighs_windows_by_their_requests_and_ignores_windows_without
     morning = delivered(perfect, _sig(300.0, 1.0), 30.0, 8 * 3600.0, GOAL, FB)
     assert morning is not None and morning.factor == pytest.approx(1.0 - FB.relax_per_h * 30.0 / 3600.0)
     assert delivered(busy, _sig(0.0, None), 30.0, 2 * FB.time_constant_s, GOAL, FB) is busy
-
-
-def test_a_relaxed_factor_that_breaks_the_goal_rebounds_and_relaxes_no_lower_for_a_while() -> None:
-    relaxed = replace(_record(0.995, factor=0.75), at_s=0.0)
-    # A window in which a third missed drags the smoothed record under the goal: back up by the rebound at once.
-    broke = delivered(relaxed, _sig(3000.0, 0.67), 30.0, 30.0, GOAL, FB)
-    assert broke is not None and broke.attainment is not None and broke.attainment < GOAL
-    assert FB.rebound == 0.1 and broke.factor == pytest.approx(0.85) and broke.floor == pytest.approx(0.85)
-    # Still short a window later: it tightens from there, and does not jump again.
-    still = delivered(broke, _sig(3000.0, 0.67), 30.0, 60.0, GOAL, FB)
-    assert still is not None and 0.85 < still.factor < 0.86 and still.floor == broke.floor
-    # Met with slack again, it relaxes to the rebound and no lower, until the memory of the break runs out.
-    calm = replace(_record(1.0, factor=0.9), floor=0.85, floor_until_s=FB.rebound_memory_s)
-    assert next_factor(calm, 3600.0, GOAL, FB) == pytest.approx(0.85)
-    assert next_factor(replace(calm, floor_until_s=-1.0), 3600.0, GOAL, FB) == FB.min_factor
-    # Without a rebound it only tightens.
-    off = replace(FB, rebound=None)
-    slow = delivered(relaxed, _sig(3000.0, 0.67), 30.0, 30.0, GOAL, off)
-    assert slow is not None and slow.factor == pytest.approx(0.75 + FB.tighten_per_h * 30.0 / 3600.0)
-
-
-def test_a_break_at_the_rebound_ratchets_it_and_a_factor_at_one_only_tightens() -> None:
-    short = replace(_record(0.98, factor=0.85), floor=0.85, floor_until_s=1e9)
-    assert rebounded(short, 0.85, GOAL, FB).factor == pytest.approx(0.95)  # relaxed to the rebound, and broke
-    assert rebounded(replace(short, short=True), 0.85, GOAL, FB).factor == 0.85  # short already: tightening
-    assert rebounded(replace(short, factor=0.95), 0.95, GOAL, replace(FB, rebound=0.2)).factor == 1.0  # at most 1
-    at_one = rebounded(replace(short, factor=1.0, floor=0.0), 1.0, GOAL, FB)
-    assert at_one.factor == 1.0 and at_one.short
-    met = rebounded(replace(short, met_rps=10.0, short=True), 0.85, GOAL, FB)
-    assert met.factor == 0.85 and not met.short
 
 
 def _ctx(now: float, gangs: tuple[Gang, ...], state: StepState, sig: ModelSignals,
