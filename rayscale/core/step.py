@@ -212,8 +212,8 @@ def _grows_by(sig: ModelSignals | None, cfg: Settings, horizon_s: float) -> floa
 def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered], cfg: Settings, now: float,
                    signals: Mapping[str, ModelSignals]) -> dict[str, Demand]:
     """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback); its burst floor
-    too when the factor is above 1, or below it with ``relax_burst_floor`` and a record as old as the floor's
-    arrivals. Below 1, never below the arrivals of the last ``floor_window_s`` (``_sustained_rate``), and not
+    too when the factor is above 1, or below it (to ``burst_floor_min_factor`` at most) with
+    ``relax_burst_floor`` and a record as old as the floor's arrivals. Below 1, never below the arrivals of the last ``floor_window_s`` (``_sustained_rate``), and not
     at all while the demand rises above the peak hold's level (``_rising``)."""
     out = dict(demands)
     for name, d in demands.items():
