@@ -189,7 +189,7 @@ def test_the_step_keeps_a_relaxed_fleet_above_the_arrivals() -> None:
 
 @pytest.mark.parametrize(("factor", "relax_floor", "age_s", "burst"), [
     (0.8, False, 7200.0, 50.0), (0.8, True, 1800.0, 50.0), (0.8, True, 3600.0, 40.0), (1.1, False, 0.0, 55.0),
-    (0.75, True, 3600.0, 40.0)])  # the floor no lower than burst_floor_min_factor of it, though demand is
+    (0.75, True, 3600.0, 40.0)])  # demand trimmed to 0.75, the floor to burst_floor_min_factor (0.8)
 def test_a_relaxed_factor_trims_the_burst_floor_only_once_its_record_spans_the_floors_hour(
     factor: float, relax_floor: bool, age_s: float, burst: float
 ) -> None:
