@@ -20,8 +20,8 @@ demo: install
 # Two pytest sessions: the e2e controller tests drive their own cluster of `ray start` nodes, while the
 # rest share one in-process Ray cluster and one vLLM engine (a process joins one Ray cluster at a time).
 test: install
-	$(BIN)/python -m pytest -q --ignore=tests/e2e
-	$(BIN)/python -m pytest -q tests/e2e
+	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/e2e
+	$(BIN)/python -m pytest -q --durations=15 tests/e2e
 
 lint: install
 	$(BIN)/ruff check rayscale tests bench testing

@@ -1,24 +1,29 @@
 """Planner time per reconcile for 1, 10, 100, 1,000 models x 20 flavors, and the exact-vs-greedy cost gap.
 
-    .venv/bin/python -m bench.planner [--out bench/results/planner.md]
+    .venv/bin/python -m bench.planner [--out bench/results/planner.md] [--against REV]
 
 Synthetic catalogs: 20 flavors (prices and speeds spread like the shipped ones, half with spot at a 50%
 share cap, device limits that bind at 1,000 models), every model allowed on 8-20 of them, demand
-0.5-40 req/s. Time is estimate + plan from scratch (no current replicas), median of repeated runs.
+0.5-40 req/s. Time is estimate + plan from scratch (no current replicas), median of repeated runs; then
+whole control steps (bench.step_timing), and with ``--against REV`` the same steps with git REV's rayscale.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import json
 import platform
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import scipy
 
-from rayscale.core.act import Gang, GangPhase
+from bench.step_timing import time_step
 from rayscale.core.catalog import (
     SLO,
     CapacityType,
@@ -32,11 +37,8 @@ from rayscale.core.catalog import (
     profile_key,
 )
 from rayscale.core.estimate import estimate
-from rayscale.core.gangs import gang_shape
 from rayscale.core.plan import PlannerSettings, plan
-from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
-from rayscale.core.step import ServeView, StepContext, StepState, step
 from rayscale.tables import format_table
 
 
@@ -91,42 +93,12 @@ def time_plan(cat: Catalog, sig: dict[str, ModelSignals], solver: str, repeat: i
     return statistics.median(times) * 1000, cost, short
 
 
-def cluster_view(cat: Catalog, target: dict[tuple[str, str, str], int]) -> tuple[tuple[Gang, ...], ServeView]:
-    """The cluster a plan converged to: ready gangs serving every replica of ``target``, packed ``slots`` a node."""
-    gangs, serve = [], dict[tuple[str, str], int]()
-    for (m, f, ct), n in sorted(target.items()):
-        shape = gang_shape(cat, m, f)
-        for i in range(-(-n // shape.slots)):
-            on = min(shape.slots, n - i * shape.slots)
-            gangs.append(Gang(f"{m}-{f}-{ct}-{i}", m, f, ct, cat.flavors[f].zones[i % len(cat.flavors[f].zones)],
-                              shape.instance_type, shape.nodes, GangPhase.READY, 0.0, serving=on))
-        serve[(m, f)] = serve.get((m, f), 0) + n
-    return tuple(gangs), ServeView(serve, dict(serve))
-
-
-def time_step(cat: Catalog, sig: dict[str, ModelSignals], repeat: int) -> tuple[float, float, int]:
-    """(first step ms, median ms of the steps after it, nodes in the view): the whole control period with
-    the shipped settings, on an empty cluster, then on the cluster its plan asked for (later steps carry the
-    state of the one before: the estimator's searches start at the last answer). The catalog is frozen out
-    of the garbage collector's reach first, as `rayscale controller` does after loading it."""
-    gc.collect()
-    gc.freeze()
-    t = time.perf_counter()
-    first = step(StepContext(0.0, cat, sig, (), ServeView({}, {}), Settings(), StepState()))
-    first_ms = (time.perf_counter() - t) * 1000
-    gangs, serve = cluster_view(cat, first.plan.target())
-    state, times = first.state, []
-    for i in range(repeat):
-        t = time.perf_counter()
-        state = step(StepContext(float(5 * (i + 1)), cat, sig, gangs, serve, Settings(), state)).state
-        times.append(time.perf_counter() - t)
-    return first_ms, statistics.median(times) * 1000, sum(g.nodes for g in gangs)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1,10,100,1000")
     ap.add_argument("--out")
+    ap.add_argument("--against", metavar="REV",
+                    help="also time later steps with the rayscale of git revision REV, alternating with this checkout's")
     args = ap.parse_args()
     rows = []
     for n in [int(x) for x in args.sizes.split(",")]:
@@ -147,11 +119,16 @@ def main() -> None:
     for n in [int(x) for x in args.sizes.split(",") if int(x) >= 100]:
         for scale, limit in [(1.0, 400)] + ([(3.0, 1200)] if n >= 1000 else []):
             cat, sig = synthetic(n, rate_scale=scale, device_limit=limit)
-            first, later, nodes = time_step(cat, sig, 3)
-            step_rows.append([n, 20, f"{scale:g}x", limit, nodes, round(first, 1), round(later, 1)])
-    step_table = format_table(["models", "flavors", "demand", "devices/flavor", "nodes in view", "first step ms",
-                               "later steps ms"], step_rows)
+            for observed in (False, True):
+                first, later, nodes = time_step(cat, sig, 5, observed)
+                _, later_default_gc, _ = time_step(cat, sig, 5, observed, default_gc=True)
+                step_rows.append([n, 20, f"{scale:g}x", limit, nodes, "observed" if observed else "fixed",
+                                  round(first, 1), round(later, 1), round(later_default_gc, 1)])
+    step_table = format_table(["models", "flavors", "demand", "devices/flavor", "nodes in view", "signals",
+                               "first step ms", "later steps ms", "later, default GC"], step_rows)
     print(step_table)
+    against = against_table(args.against) if args.against else ""
+    print(against)
     if args.out:
         with open(args.out, "w") as f:
             f.write("# Planner benchmark\n\n")
@@ -162,8 +139,44 @@ def main() -> None:
                     "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
             f.write("\nOne `rayscale.core.step.step` (history, corrections, estimate, plan, act decisions) with the "
                     "shipped settings: first on an empty cluster, then on the cluster its plan asked for (every "
-                    "replica a ready gang), carrying the state of the step before. Goal: 1,000 x 20 with ~10,000 "
-                    "nodes in the view <= 200 ms.\n\n```\n" + step_table + "\n```\n")
+                    "replica a ready gang), carrying the state of the step before; median of 5 later steps. "
+                    "Signals `fixed`: the same every period; `observed`: new every period as a running fleet "
+                    "reports them (prompts drifting 0.5% a period, prefix-cache hit rates 0.1-0.5 read over 30 s, "
+                    "every running flavor's latency, so corrections update; `bench.planner.Observed`). The "
+                    "process's collector is set up as `rayscale controller` does "
+                    "(`rayscale.controller.heap.settle_heap`); `later, default GC` is the same steps with "
+                    "CPython's thresholds. Goal: 1,000 x 20 with ~10,000 nodes in the view <= 200 ms.\n\n```\n"
+                    + step_table + "\n```\n")
+            if against:
+                f.write(f"\nThe same later steps (1,000 x 20, 3x demand) with the rayscale of git {args.against} and "
+                        "with this checkout's, each in a process of its own, alternating (`--against "
+                        f"{args.against}`; `bench/step_timing.py`):\n\n```\n" + against + "\n```\n")
+
+
+def against_table(rev: str, rounds: int = 2) -> str:
+    """Median ms of later steps per kind of signals: git ``rev``'s rayscale against this checkout's, ``rounds``
+    times alternating (a checkout of ``rev`` in a temporary git worktree)."""
+    root = Path(__file__).resolve().parent.parent
+    timing = str(root / "bench" / "step_timing.py")
+    runs: dict[str, list[dict[str, float]]] = {rev: [], "this checkout": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        other = str(Path(tmp) / "checkout")
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", other, rev], check=True,
+                       capture_output=True)
+        try:
+            for _ in range(rounds):
+                for name, where in ((rev, other), ("this checkout", str(root))):
+                    # The checkout's rayscale first on the path, before step_timing imports any.
+                    code = (f"import sys, runpy; sys.path.insert(0, {where!r}); sys.argv = ['', {where!r}, '5']; "
+                            f"runpy.run_path({timing!r}, run_name='__main__')")
+                    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                                         timeout=900)
+                    runs[name].append(json.loads(out.stdout))
+                    print(f"{name}: {runs[name][-1]}", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", other], check=False)
+    rows = [[kind] + [" / ".join(f"{r[kind]:.1f}" for r in runs[name]) for name in runs] for kind in ("fixed", "observed")]
+    return format_table(["signals", f"{rev} ms", "this checkout ms"], rows)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,6 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import gc
     import logging
     from pathlib import Path
 
@@ -70,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rayscale.cluster.actuator import Actuator
     from rayscale.controller.checkpoint import CHECKPOINT_FILE, StateStore
+    from rayscale.controller.heap import settle_heap
     from rayscale.controller.loop import Controller, ControllerConfig, record_line
     from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
@@ -88,9 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.detached or args.stop:
         return _detached(args)
-    # The catalog lives as long as the process: frozen out of the collector's reach, a full collection no
-    # longer scans its profile records every period (tens of ms a step at 1,000 models x 20 flavors).
-    gc.freeze()
+    settle_heap()
     # SIGTERM from here on stops the controller cleanly (it may come while it still starts up)
     term = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: term.set())

@@ -30,6 +30,7 @@ it against the simulated engine per flavor and trace. Everything is numpy over r
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,7 +69,8 @@ def lognormal_quantiles(mean: float, p95: float | None, sigma: float = OUTPUT_SI
         d = _Z95 * _Z95 - 2.0 * r
         sigma = _Z95 - math.sqrt(d) if d > 0 else _Z95
     mu = math.log(mean) - sigma * sigma / 2.0
-    return tuple(math.exp(mu + sigma * z) for z in _Z)
+    exp = math.exp
+    return tuple([exp(mu + sigma * z) for z in _Z])
 
 
 # A log-normal's far tail has prompts past any model's context; observed mixes end near their p95 (Azure
@@ -76,14 +78,16 @@ def lognormal_quantiles(mean: float, p95: float | None, sigma: float = OUTPUT_SI
 PROMPT_TAIL_CAP = 1.5
 
 
+@functools.lru_cache(maxsize=4096)
 def mix_quantiles(mix: RequestMix) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(prompt, output) lengths at MIX_QUANTILES: the mix's own, else a log-normal through its mean and p95
-    (prompts, at most PROMPT_TAIL_CAP x the p95) or its mean (outputs, spread OUTPUT_SIGMA)."""
+    (prompts, at most PROMPT_TAIL_CAP x the p95) or its mean (outputs, spread OUTPUT_SIGMA). Cached by value:
+    a step asks for each model's mix several times (the context cut, the estimate's rows, the corrections')."""
     cap = PROMPT_TAIL_CAP * max(mix.prompt_p95, mix.prompt_mean)
-    prompt = mix.prompt_quantiles or tuple(min(x, cap) for x in lognormal_quantiles(max(mix.prompt_mean, 1.0),
-                                                                                      mix.prompt_p95))
+    prompt = mix.prompt_quantiles or tuple([x if x <= cap else cap for x in lognormal_quantiles(
+        max(mix.prompt_mean, 1.0), mix.prompt_p95)])
     output = mix.output_quantiles or lognormal_quantiles(max(mix.output_mean, 1.0), None)
-    return prompt, tuple(max(o, 1.0) for o in output)
+    return prompt, tuple([o if o >= 1.0 else 1.0 for o in output])
 
 
 def _mean(x: npt.NDArray[np.float64] | npt.NDArray[np.bool_]) -> F64:
@@ -238,12 +242,12 @@ def _crossing(rows: Rows, lo: F64, hi: F64, g: _Search, slope: float | None = No
     cost dominates either way). ``slope``: g's least slope in log x, when known; the first step then
     extrapolates from lo with it, a far better guess than the chord of a g that is steep only near hi.
 
-    ``guess``: per row, a point near the crossing (where it was last period; NaN or <= 0: none). The first
-    call then also evaluates the guess and one RTOL-wide step either side. A control loop's inputs move
-    little between periods, so that usually brackets the crossing and the search ends after one call, not
-    6-9; and with the guess itself an end of the bracket, a crossing that did not move returns the same
-    answer, not one that drifts by a step per period. A guess that misses still narrows the bracket, and
-    either way the answer is to RTOL."""
+    ``guess``: per row, a point near the crossing (where it was last period; NaN or <= 0: none). The search
+    then evaluates the guess, and one RTOL-wide step from it towards the crossing. A control loop's inputs
+    move little between periods, so that usually brackets the crossing and the search ends after two calls
+    on the rows, not 6-9; and with the guess itself an end of the bracket, a crossing that did not move
+    returns the same answer, not one that drifts by a step per period. A guess that misses still narrows
+    the bracket, and either way the answer is to RTOL."""
     n = len(lo)
     a, b = np.log(lo), np.log(np.maximum(hi, lo))
     if guess is None:
@@ -264,42 +268,40 @@ def _crossing(rows: Rows, lo: F64, hi: F64, g: _Search, slope: float | None = No
 
 
 def _bracket_guess(rows: Rows, g: _Search, guess: F64, a: F64, b: F64) -> tuple[F64, F64]:
-    """g at the guess and one step either side where the guess lies inside [a, b] (log x), at the ends of
-    the other rows, and at a guessed row's ends only where its points do not bracket the crossing (g grows
-    with x, so an end outside a bracket cannot change it; in a control loop that is most rows, which then
-    cost three evaluations, not five, and the search one call). Narrows a and b in place to the points that
-    bracket the crossing; returns (g(a), g(b))."""
+    """g at the guess where it lies inside [a, b] (log x), then one step from it towards the crossing (up
+    where g(guess) <= 0, down where above), and at the ends of the other rows; at a guessed row's far end
+    only where its two points lie on one side of the crossing (g grows with x, so an end outside a bracket
+    cannot change it). In a control loop most rows are bracketed by their two points: two evaluations a
+    row, in two calls. Narrows a and b in place to the points that bracket the crossing; returns (g(a), g(b))."""
     n = len(a)
     with np.errstate(divide="ignore", invalid="ignore"):
         mid = np.log(guess)
     d = 0.98 * math.log1p(RTOL)  # a step: a bracket of two neighbouring points is within the tolerance
     inside = np.isfinite(mid) & (mid > a) & (mid < b)
     near, far = np.flatnonzero(inside), np.flatnonzero(~inside)
-    k, f = len(near), len(far)
-    m = mid[near]
-    xs = (np.maximum(m - d, a[near]), m, np.minimum(m + d, b[near]))  # a guess next to an end steps onto it
-    at = np.concatenate([far, far, near, near, near])
-    vals = g(subset(rows, at), np.exp(np.concatenate([a[far], b[far], *xs])), at)
+    f = len(far)
+    at = np.concatenate([far, far, near])
+    vals = g(subset(rows, at), np.exp(np.concatenate([a[far], b[far], mid[near]])), at)
     ga, gb = np.zeros(n), np.zeros(n)
     ga[far], gb[far] = vals[:f], vals[f : 2 * f]
-    points = vals[2 * f :].reshape(3, k)
-    # A guessed row's lower end where none of its points was at or below zero, its upper end where none was
-    # above.
-    lo_at, hi_at = near[(points > 0).all(axis=0)], near[(points <= 0).all(axis=0)]
+    m, gm = mid[near], vals[2 * f :]
+    up = gm <= 0
+    x = np.where(up, np.minimum(m + d, b[near]), np.maximum(m - d, a[near]))  # next to an end: onto it
+    gx = g(subset(rows, near), np.exp(x), near)
+    above = gx > 0
+    # g grows with x: a point at or below zero is a lower end, one above an upper end.
+    step_up, step_down = up & above, ~up & ~above  # the crossing between the guess and its step
+    r = near[step_up]
+    a[r], ga[r], b[r], gb[r] = m[step_up], gm[step_up], x[step_up], gx[step_up]
+    r = near[step_down]
+    a[r], ga[r], b[r], gb[r] = x[step_down], gx[step_down], m[step_down], gm[step_down]
+    hi_at, lo_at = near[up & ~above], near[~up & above]  # both points below the crossing, or both above
+    a[hi_at], ga[hi_at] = x[up & ~above], gx[up & ~above]
+    b[lo_at], gb[lo_at] = x[~up & above], gx[~up & above]
     if lo_at.size or hi_at.size:
         ends_at = np.concatenate([lo_at, hi_at])
         ends = g(subset(rows, ends_at), np.exp(np.concatenate([a[lo_at], b[hi_at]])), ends_at)
         ga[lo_at], gb[hi_at] = ends[: len(lo_at)], ends[len(lo_at) :]
-    # g grows with x: the largest point at or below zero and the smallest above it bracket the crossing.
-    # Points ascend, so the last one below zero is the largest and the first above it the smallest.
-    for x, gx in zip(xs, points, strict=True):
-        below = gx <= 0
-        r = near[below]
-        a[r], ga[r] = x[below], gx[below]
-    for x, gx in reversed(list(zip(xs, points, strict=True))):
-        above = gx > 0
-        r = near[above]
-        b[r], gb[r] = x[above], gx[above]
     return ga, gb
 
 

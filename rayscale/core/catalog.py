@@ -287,8 +287,9 @@ class Profile(_Strict):
                              f"({self.max_num_seqs}): vLLM's token budget holds one token of every running sequence")
         return self
 
-    def ttft_s(self, prompt_tokens: float, queue_wait_s: float = 0.0) -> float:
-        return (queue_wait_s + self.overhead_s + prompt_tokens / self.prefill_tokens_per_s
+    def ttft_s(self, prompt_tokens: float, queue_wait_s: float = 0.0, prefill_scale: float = 1.0) -> float:
+        """``prefill_scale``: prefill that many times as fast (a prefix-cache discount, estimate.prefix_scales)."""
+        return (queue_wait_s + self.overhead_s + prompt_tokens / (self.prefill_tokens_per_s * prefill_scale)
                 + self.prefill_quadratic_s * prompt_tokens * prompt_tokens)
 
     def prefill_engine_s(self, prompt_tokens: float) -> float:

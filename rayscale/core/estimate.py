@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from operator import itemgetter
@@ -49,7 +49,7 @@ from rayscale.core.attainment import (
 from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, sharpness
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.forecast import Forecaster, last_value
-from rayscale.core.frozen import frozen_without_init
+from rayscale.core.frozen import frozen_without_init, replaced
 from rayscale.core.signals import MIX_QUANTILES, MIX_WEIGHTS, Freshness, ModelSignals, RequestMix
 
 # Share of requests a replica's capacity serves within both SLO targets: issue 6's goal. The SLO's targets
@@ -164,23 +164,25 @@ _KV_COLUMNS = itemgetter("kv_tokens", "max_num_seqs")
 
 @dataclass
 class _ColumnCache:
-    """The last large batch's profile columns. Profiles are frozen and ``profiles`` keeps them alive, so equal
-    ids mean the same profiles: a control loop asks for the same catalog's every period."""
+    """The profile columns of the last few large batches, by their profiles' ids. Profiles are frozen and an
+    entry keeps them alive, so equal ids mean the same profiles: a control loop asks for the same ones every
+    period (the estimate's every pair, the corrections' observed pairs, the best-effort rows)."""
 
-    profiles: Sequence[Profile] = ()
-    ids: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    columns: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 9)))
+    entries: dict[bytes, tuple[tuple[Profile, ...], npt.NDArray[np.float64]]] = field(default_factory=dict)
 
 
 _COLUMNS = _ColumnCache()
-_CACHED_FROM = 256  # rows: smaller batches (one model's, a subset's) are cheap and would only evict the big one
+_CACHED_FROM = 256  # rows: smaller batches (one model's, a subset's) are cheap and would only evict the big ones
+_CACHED_BATCHES = 4
 
 
 def _profile_columns(profiles: Sequence[Profile]) -> npt.NDArray[np.float64]:
     """Per profile: the six _PROFILE_COLUMNS, its prefill chunk, kv_tokens and max_num_seqs (one row each)."""
-    ids = np.fromiter(map(id, profiles), dtype=np.int64, count=len(profiles))
-    if len(profiles) >= _CACHED_FROM and np.array_equal(ids, _COLUMNS.ids):
-        return _COLUMNS.columns
+    key = b""
+    if len(profiles) >= _CACHED_FROM:
+        key = np.fromiter(map(id, profiles), dtype=np.int64, count=len(profiles)).tobytes()
+        if (hit := _COLUMNS.entries.get(key)) is not None:
+            return hit[1]
     # Straight from the models' field dicts: attribute access on 14,000 pydantic profiles is most of the time.
     fields = list(map(vars, profiles))
     cols = np.empty((len(profiles), 9))
@@ -188,9 +190,11 @@ def _profile_columns(profiles: Sequence[Profile]) -> npt.NDArray[np.float64]:
     # The chunk the replicas run: pinned by rayscale.core.chunk.pin_chunks, else vLLM's default.
     cols[:, 6] = [f["max_num_batched_tokens"] or CHUNK_TOKENS for f in fields]
     cols[:, 7:] = np.array(list(map(_KV_COLUMNS, fields)), dtype=float).reshape(-1, 2)
-    if len(profiles) >= _CACHED_FROM:
+    if key:
         cols.flags.writeable = False  # shared by later calls: nothing may change it in place
-        _COLUMNS.profiles, _COLUMNS.ids, _COLUMNS.columns = tuple(profiles), ids, cols
+        if len(_COLUMNS.entries) >= _CACHED_BATCHES:
+            del _COLUMNS.entries[next(iter(_COLUMNS.entries))]  # the oldest
+        _COLUMNS.entries[key] = (tuple(profiles), cols)
     return cols
 
 
@@ -203,12 +207,16 @@ def _shared(items: Sequence[Any], f: Callable[[Any], Any]) -> tuple[list[Any], n
 
 
 def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
-          corrs: Sequence[Correction], uncorrected: bool = False) -> Rows:
+          corrs: Sequence[Correction], uncorrected: bool = False,
+          prefill_scale: npt.NDArray[np.float64] | None = None) -> Rows:
     """The tail model's column arrays, one row per (profile, SLO, mix, correction); ``uncorrected``: every
-    correction taken as 1 (what the profile alone says)."""
+    correction taken as 1 (what the profile alone says); ``prefill_scale``: per row, the factor its prefill
+    is faster by (prefix_scales; None: 1)."""
     lengths, by_mix = _shared(mixes, lambda m: (*mix_quantiles(m), max(m.output_mean, 1.0)))
     targets, by_slo = _shared(slos, lambda s: (s.ttft_p95_s, s.tpot_p95_s))
     r, over, alpha, beta, seq, quad, chunk = _profile_columns(profiles)[:, :7].T
+    if prefill_scale is not None:
+        r = r * prefill_scale
     ttft, tpot = np.array(targets, dtype=float).reshape(-1, 2)[by_slo].T
     factors, by_corr = _shared(corrs, lambda c: (1.0, 1.0) if uncorrected else (c.ttft, c.tpot))
     c_ttft, c_tpot = np.array(factors, dtype=float).reshape(-1, 2)[by_corr].T
@@ -221,8 +229,8 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
 
 def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
                        corrs: Sequence[Correction], target_utilization: float = 0.8,
-                       attainment: float = DEFAULT_ATTAINMENT,
-                       guesses: Sequence[float] | None = None) -> list[ReplicaCapacity]:
+                       attainment: float = DEFAULT_ATTAINMENT, guesses: Sequence[float] | None = None,
+                       prefill_scale: Sequence[float] | None = None) -> list[ReplicaCapacity]:
     """Per (profile, SLO, mix, correction): the largest arrival rate at which one replica serves
     ``attainment`` of the mix's requests within both SLO targets (rayscale.core.attainment's tail model),
     bounded by KV cache and max_num_seqs, times ``target_utilization``.
@@ -233,12 +241,14 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     correction, so that the planner scales it out and never gives up on it.
 
     ``guesses``: per row, the batch found last period (0: none); the search starts there, which in a
-    control loop makes it several times cheaper (the answer is the same to the search's tolerance)."""
+    control loop makes it several times cheaper (the answer is the same to the search's tolerance).
+    ``prefill_scale``: per row, the factor its prefill is faster by (prefix_scales; None: 1)."""
     n = len(profiles)
     if n == 0:
         return []
     allowed = 1.0 - attainment
-    rows = rows_of(profiles, slos, mixes, corrs)
+    scale = np.ones(n) if prefill_scale is None else np.asarray(prefill_scale, dtype=float)
+    rows = rows_of(profiles, slos, mixes, corrs, prefill_scale=scale)
     sizes, by_mix = _shared(mixes, lambda m: (m.prompt_p95, max(m.prompt_mean + m.output_mean, 1.0)))
     p95, request_tokens = np.array(sizes, dtype=float).reshape(-1, 2)[by_mix].T
     ttft_floor = rows.corr_ttft * (rows.overhead_s + p95 / rows.prefill_tokens_per_s + rows.quad_s * p95 * p95)
@@ -253,7 +263,8 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     if rescue.any():
         idx = np.flatnonzero(rescue)
         plain = at_load(rows_of([profiles[i] for i in idx], [slos[i] for i in idx], [mixes[i] for i in idx],
-                                [corrs[i] for i in idx], uncorrected=True), np.full(len(idx), LOAD_FLOOR))
+                                [corrs[i] for i in idx], uncorrected=True, prefill_scale=scale[idx]),
+                        np.full(len(idx), LOAD_FLOOR))
         rescue[idx] = plain.miss <= allowed
         batch = np.where(rescue, 1.0, batch)
     good = ok | rescue
@@ -271,8 +282,8 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
             out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=rps_l[i], batch=b_l[i],
                             tpot_s=tpot_l[i], ttft_floor_s=floor_l[i], reason="", best_effort=False, miss=0.0))
             continue
-        why = _infeasible_reason(profiles[i], slos[i], mixes[i], corrs[i], floor_l[i], float(kv_fit[i]),
-                                 (idle, idle_at[i]) if i in idle_at else None, allowed)
+        why = _infeasible_reason(scaled_profile(profiles[i], float(scale[i])), slos[i], mixes[i], corrs[i],
+                                 floor_l[i], float(kv_fit[i]), (idle, idle_at[i]) if i in idle_at else None, allowed)
         out.append(_new(ReplicaCapacity, flavor=profiles[i].flavor, rps=0.0, batch=0.0, tpot_s=0.0,
                         ttft_floor_s=floor_l[i], reason=why, best_effort=False, miss=0.0))
     return out
@@ -297,8 +308,8 @@ def _infeasible_reason(pr: Profile, s: SLO, m: RequestMix, c: Correction, ttft_f
 
 def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
                            corrs: Sequence[Correction], infeasible: Sequence[ReplicaCapacity],
-                           target_utilization: float = 0.8,
-                           attainment: float = DEFAULT_ATTAINMENT) -> list[ReplicaCapacity]:
+                           target_utilization: float = 0.8, attainment: float = DEFAULT_ATTAINMENT,
+                           prefill_scale: Sequence[float] | None = None) -> list[ReplicaCapacity]:
     """Per row whose SLO is out of reach (``infeasible``, from replica_capacities): the largest arrival rate
     at which one replica misses at most ``1 - attainment`` more of the requests than it does idle, times
     ``target_utilization``; marked ``best_effort``, keeping the SLO's reason.
@@ -307,11 +318,13 @@ def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mix
     than the TPOT target) no capacity removes; what load adds, capacity does. So this serves every request
     the flavor can serve within the SLO and adds as few misses as the SLO's own allowance. Where the idle
     replica misses every request it comes down to throughput: the load at which the prefill queue still
-    keeps up. A flavor whose KV cache holds no whole request serves nothing (rps 0)."""
+    keeps up. A flavor whose KV cache holds no whole request serves nothing (rps 0). ``prefill_scale``: as
+    in replica_capacities."""
     if not profiles:
         return []
     allowed = 1.0 - attainment
-    rows = rows_of(profiles, slos, mixes, corrs)
+    rows = rows_of(profiles, slos, mixes, corrs,
+                   prefill_scale=None if prefill_scale is None else np.asarray(prefill_scale, dtype=float))
     floor = np.full(len(profiles), LOAD_FLOOR)
     idle = at_load(rows, floor).miss
     # at_load's miss is the TTFT share plus the TPOT share, 2 only past the prefill queue's stability: a row
@@ -407,26 +420,27 @@ def prior_mix(catalog: Catalog, model: str) -> RequestMix:
 MAX_PREFIX_DISCOUNT = 0.9
 
 
-def with_prefix_hits(catalog: Catalog, signals: dict[str, ModelSignals]) -> Catalog:
-    """``catalog`` with each model's prefill discounted by its observed prefix-cache hit rate h: cached prompt
-    tokens are not prefilled (vLLM's automatic prefix caching), so a prompt of P tokens costs P x (1 - h)
-    tokens of prefill, i.e. its profiles prefill at R / (1 - h). KV use, the per-prompt and attention terms
-    stay whole (cached blocks still occupy and are attended to). Only fresh, observed rates count: a model
-    without one (caching off, metric missing) keeps its profiles, never a guessed discount."""
+def prefix_scales(catalog: Catalog, signals: Mapping[str, ModelSignals]) -> dict[str, float]:
+    """Per model with an observed prefix-cache hit rate h > 0: the factor 1 / (1 - h) by which its prefill
+    is faster. Cached prompt tokens are not prefilled (vLLM's automatic prefix caching), so a prompt of P
+    tokens costs P x (1 - h) tokens of prefill: its profiles prefill at R / (1 - h) (``scaled_profile``).
+    KV use, the per-prompt and attention terms stay whole (cached blocks still occupy and are attended to).
+    Only fresh, observed rates count: a model without one (caching off, metric missing) keeps its profiles,
+    never a guessed discount. The estimator applies the factors to its columns (rows_of), not to copies of
+    the profiles: at 1,000 models x 20 flavors copying them cost 70 ms a period, and the column cache."""
     scale: dict[str, float] = {}
     for name, sig in signals.items():
         h = sig.prefix_hit_rate if sig is not None and sig.usable else None
         if h is not None and h > 0 and name in catalog.models:
             scale[name] = 1.0 / (1.0 - min(h, MAX_PREFIX_DISCOUNT))
-    if not scale:
-        return catalog
-    profiles = dict(catalog.profiles)
-    for name, k in scale.items():
-        for flavor in catalog.models[name].parallelism:
-            key = profile_key(name, flavor)
-            prof = profiles[key]
-            profiles[key] = prof.model_copy(update={"prefill_tokens_per_s": prof.prefill_tokens_per_s * k})
-    return catalog.model_copy(update={"profiles": profiles})
+    return scale
+
+
+def scaled_profile(profile: Profile, prefill_scale: float) -> Profile:
+    """The profile with its prefill ``prefill_scale`` x as fast (prefix_scales)."""
+    if prefill_scale == 1.0:
+        return profile
+    return profile.model_copy(update={"prefill_tokens_per_s": profile.prefill_tokens_per_s * prefill_scale})
 
 
 def within_context(mix: RequestMix, max_model_len: int | None) -> RequestMix:
@@ -450,8 +464,8 @@ def within_context(mix: RequestMix, max_model_len: int | None) -> RequestMix:
 
 def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]],
                  mixes: dict[str, RequestMix], observed: dict[str, RequestMix],
-                 corrections: dict[tuple[str, str], Correction], settings: EstimateSettings
-                 ) -> tuple[dict[str, str], dict[str, dict[str, ReplicaCapacity]]]:
+                 corrections: dict[tuple[str, str], Correction], settings: EstimateSettings,
+                 scales: dict[str, float]) -> tuple[dict[str, str], dict[str, dict[str, ReplicaCapacity]]]:
     """Best-effort capacities of the flavors that miss the SLO: in ``caps_of`` for the models no flavor of
     which meets it (with, per such model, the reason), else apart (Demand.fallback)."""
     pairs = [(m, f) for m, caps in caps_of.items() for f, c in caps.items() if not c.feasible]
@@ -459,7 +473,8 @@ def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]
     caps = best_effort_capacities(
         [catalog.profile(m, f) for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
         [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs],
-        [caps_of[m][f] for m, f in pairs], settings.target_utilization, settings.attainment)
+        [caps_of[m][f] for m, f in pairs], settings.target_utilization, settings.attainment,
+        [scales.get(m, 1.0) for m, _ in pairs])
     todo = [m for m, caps in caps_of.items() if caps and not any(c.feasible for c in caps.values())]
     fallback: dict[str, dict[str, ReplicaCapacity]] = {}
     for (m, f), c in zip(pairs, caps, strict=True):
@@ -478,7 +493,7 @@ def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]
 
 
 def _capacities_of(catalog: Catalog, mixes: dict[str, RequestMix], corrections: dict[tuple[str, str], Correction],
-                   settings: EstimateSettings, previous: dict[str, Demand] | None
+                   settings: EstimateSettings, previous: dict[str, Demand] | None, scales: dict[str, float]
                    ) -> dict[str, dict[str, ReplicaCapacity]]:
     """Per model and flavor, one replica's capacity for the model's mix, all pairs in one batch."""
     pairs = [(name, f) for name, spec in catalog.models.items() for f in spec.parallelism]
@@ -490,7 +505,7 @@ def _capacities_of(catalog: Catalog, mixes: dict[str, RequestMix], corrections: 
     all_caps = replica_capacities(
         [profiles[profile_key(m, f)] for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
         [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs], settings.target_utilization,
-        settings.attainment, guesses)
+        settings.attainment, guesses, [scales.get(m, 1.0) for m, _ in pairs] if scales else None)
     caps_of: dict[str, dict[str, ReplicaCapacity]] = {name: {} for name in catalog.models}
     for (m, f), c in zip(pairs, all_caps, strict=True):
         caps_of[m][f] = c
@@ -504,16 +519,16 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
     """Demand per catalog model. A model with no usable signals gets state HOLD with the reason.
     ``previous``: last period's demands, whose capacities start this period's searches (a speed-up only)."""
     corrections = corrections or {}
-    catalog = with_prefix_hits(catalog, signals)
+    scales = prefix_scales(catalog, signals)
     out: dict[str, Demand] = {}
     observed = {name: (sig.mix if sig and sig.mix else None) or prior_mix(catalog, name)
                 for name in catalog.models for sig in (signals.get(name),)}
     mixes = {name: within_context(mix, catalog.models[name].max_model_len) for name, mix in observed.items()}
-    caps_of = _capacities_of(catalog, mixes, corrections, settings, previous)
+    caps_of = _capacities_of(catalog, mixes, corrections, settings, previous, scales)
     best_effort: dict[str, str] = {}
     fallback: dict[str, dict[str, ReplicaCapacity]] = {}
     if settings.best_effort:
-        best_effort, fallback = _best_effort(catalog, caps_of, mixes, observed, corrections, settings)
+        best_effort, fallback = _best_effort(catalog, caps_of, mixes, observed, corrections, settings, scales)
     for name in catalog.models:
         sig = signals.get(name)
         mix = mixes[name]
@@ -584,9 +599,9 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
     pairs whose window finished fewer than ``min_samples`` requests (when the count is known).
     ``smoothing``: weight of this window (``correction_smoothing(period)`` in the loops)."""
     # Predictions with the prefill the estimate sizes with: observed prefix-cache hits are not a fast profile.
-    catalog = with_prefix_hits(catalog, signals)
+    scales = prefix_scales(catalog, signals)
     out = dict(previous)
-    todo: list[tuple[tuple[str, str], Profile, SLO, RequestMix, float, float | None, float, float | None]] = []
+    todo: list[tuple[tuple[str, str], Profile, SLO, RequestMix, float, float | None, float, float | None, float]] = []
     for name, sig in signals.items():
         if name not in catalog.models or not sig.usable or sig.mix is None:
             continue
@@ -595,8 +610,9 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
                 continue
             if obs.completed is not None and obs.completed < min_samples:
                 continue
-            prof = catalog.profile(name, flavor)
-            mix = replace(sig.mix, prompt_mean=obs.prompt_mean or sig.mix.prompt_mean)
+            prof, scale = catalog.profile(name, flavor), scales.get(name, 1.0)
+            # Without __init__: its checks are of the quantiles, which this leaves as they were.
+            mix = replaced(sig.mix, prompt_mean=obs.prompt_mean or sig.mix.prompt_mean)
             # Compare with the batch the window ran at, not the gauge's instant value: by Little's law
             # the mean running sequences per replica are arrivals x output tokens x time per token.
             batch = obs.running_per_replica if obs.running_per_replica is not None else 1.0
@@ -611,21 +627,21 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
             # but only in a window without a backlog, where TTFT is (nearly) all prefill. Correcting on a
             # queue would call the flavor slow and rule it out exactly when capacity is short.
             if obs.prefill_mean_s is not None:
-                ttft_obs, ttft_pred = obs.prefill_mean_s, prof.ttft_s(mix.prompt_mean)
+                ttft_obs, ttft_pred = obs.prefill_mean_s, prof.ttft_s(mix.prompt_mean, prefill_scale=scale)
             elif sig.waiting is None or sig.waiting > 0:
                 ttft_obs, ttft_pred = None, 0.0
             else:
-                ttft_obs, ttft_pred = obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95)
+                ttft_obs, ttft_pred = obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95, prefill_scale=scale)
             todo.append(((name, flavor), prof, catalog.models[name].slo, mix, batch, ttft_obs, ttft_pred,
-                         obs.tpot_p95_s))
+                         obs.tpot_p95_s, scale))
     if not todo:
         return out
     # Every pair's predicted TPOT p95 in one call: the tail model's cost is per call, not per row.
-    key_, prof_, slo_, mix_, batch_, _, _, _ = zip(*todo, strict=True)
-    rows = rows_of(prof_, slo_, mix_, [Correction()] * len(todo))
+    key_, prof_, slo_, mix_, batch_, _, _, _, scale_ = zip(*todo, strict=True)
+    rows = rows_of(prof_, slo_, mix_, [Correction()] * len(todo), prefill_scale=np.array(scale_, dtype=float))
     guess = np.array([previous[k].tpot_p95_predicted_s if k in previous else 0.0 for k in key_], dtype=float)
     predicted = tpot_quantile(rows, np.maximum(np.array(batch_, dtype=float), LOAD_FLOOR), guess=guess).tolist()
-    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs), tpot_pred in zip(todo, predicted, strict=True):
+    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs, _), tpot_pred in zip(todo, predicted, strict=True):
         out[k] = previous.get(k, Correction()).updated(ttft_obs, ttft_pred, tpot_obs, tpot_pred,
                                                        smoothing=smoothing)
     return out

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def frozen_without_init(cls: type, fields: dict[str, Any]) -> Any:
@@ -12,3 +14,10 @@ def frozen_without_init(cls: type, fields: dict[str, Any]) -> Any:
     obj: Any = object.__new__(cls)
     obj.__dict__.update(fields)
     return obj
+
+
+def replaced(obj: T, **changes: Any) -> T:
+    """``dataclasses.replace`` without ``__init__`` (a fifth of its cost): the same restrictions as
+    ``frozen_without_init``."""
+    out: T = frozen_without_init(type(obj), {**vars(obj), **changes})
+    return out

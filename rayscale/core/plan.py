@@ -478,7 +478,7 @@ def _ready_covers(b: _Build, model: str, caps: dict[str, ReplicaCapacity], need_
 def _spot_exposure(b: _Build, model: str, flavor: str, capacity_type: str) -> tuple[float, int, float]:
     """(learned interruptions per node-hour, nodes per gang, a replacement's lead time in s) of one offering;
     a rate of 0 on demand and where no interruption of the flavor was seen (rayscale.core.spot)."""
-    rate = b.spot_rates.get(flavor, 0.0) if capacity_type == CapacityType.SPOT.value else 0.0
+    rate = b.spot_rates.get(flavor, 0.0) if capacity_type == CapacityType.SPOT else 0.0
     par = b.catalog.models[model].parallelism.get(flavor)
     if rate <= 0 or flavor not in b.catalog.flavors or par is None:
         return 0.0, 1, 0.0
@@ -514,7 +514,7 @@ def _counted(b: _Build, model: str, flavor: str, capacity_type: str, replica_rps
     scale-down), where replacing it outright would take its capacity away for a start-up (simulated: the
     dev diurnal day at one notice per node-hour lost a kept spot L40S of three at its peak, 9 min to
     replace, 1,100 queued)."""
-    if capacity_type != CapacityType.SPOT.value or b.spot_rates.get(flavor, 0.0) <= 0:
+    if capacity_type != CapacityType.SPOT or b.spot_rates.get(flavor, 0.0) <= 0:
         return 1.0, 0.0  # the common case, a thousand models a step: no interruption seen
     risk = _spot_outage_risk(b, model, flavor, capacity_type, replica_rps, need_rps)
     return (0.0 if risk > b.settings.spot_outage_budget else _worth(b, model, flavor, capacity_type)), risk

@@ -67,7 +67,7 @@ def observe(record: SpotRecord, gangs: Iterable[Gang], now: float, settings: Spo
     lost: dict[str, float] = {}
     ready: dict[str, tuple[str, int]] = {}
     for g in gangs:
-        if g.capacity_type != CapacityType.SPOT.value:
+        if g.capacity_type != CapacityType.SPOT:
             continue
         if g.phase == GangPhase.READY:
             ready[g.name] = (g.flavor, g.nodes)

@@ -27,6 +27,7 @@ from rayscale.core.estimate import (
 )
 from rayscale.core.feedback import Delivered, delivered
 from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal, line_ahead
+from rayscale.core.frozen import replaced
 from rayscale.core.plan import Plan, PlannerMemory, bursts_last, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
@@ -102,13 +103,15 @@ def step(ctx: StepContext) -> StepResult:
     demands = _with_smooth_utilization(demands, before, cfg, signals, horizon_s)
     current: dict[Key, int] = {}
     ready_serving: dict[Key, int] = {}
+    failed, ready = GangPhase.FAILED, GangPhase.READY
     for g in ctx.gangs:
-        if g.phase != GangPhase.FAILED and not g.draining:
+        if g.phase != failed and not g.draining:
             # The plan counts replicas: a gang holds as many as Serve runs on it (several on a packed node),
             # and at least the one it was ordered for.
-            current[g.key] = current.get(g.key, 0) + max(g.serving, 1)
-            if g.phase == GangPhase.READY:
-                ready_serving[g.key] = ready_serving.get(g.key, 0) + g.serving
+            key = g.key
+            current[key] = current.get(key, 0) + max(g.serving, 1)
+            if g.phase == ready:
+                ready_serving[key] = ready_serving.get(key, 0) + g.serving
     unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
     spot = observe(state.spot, ctx.gangs, ctx.now, cfg.spot)
     result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner,
@@ -313,7 +316,7 @@ def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, 
         elif name in last_mix:
             sig = replace(sig, mix=last_mix[name])
         past = history.get(name, ())
-        out[name] = replace(sig, rate_history=past)
+        out[name] = replaced(sig, rate_history=past)  # a thousand models a period: no __init__
         sample = _window_rate(sig, cfg.history_window_s) if due else None
         if sample is not None:
             history[name] = (*past, sample)[-cfg.history_len:]

@@ -166,24 +166,26 @@ def _search_cases() -> tuple[list[tuple[str, RequestMix, Correction]], np.ndarra
 
 
 def _calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the tail model's evaluations (one call evaluates every point of a search step)."""
+    """Counts the tail model's calls (one call evaluates every point of a search step) and, second, the
+    points they evaluated."""
     import rayscale.core.attainment as att
 
-    calls = [0]
+    calls = [0, 0]
     real = att.at_load
 
     def counted(rows, batch):  # type: ignore[no-untyped-def]
         calls[0] += 1
+        calls[1] += len(batch)
         return real(rows, batch)
 
     monkeypatch.setattr(att, "at_load", counted)
     return calls
 
 
-def test_a_guess_from_last_period_ends_the_search_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_guess_from_last_period_ends_the_search_in_two_evaluations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The control loop passes last period's answers: unchanged inputs give the same answer exactly (no drift
-    of a step per period) after one evaluation; a guess that is off, near or far, still gives an answer to
-    the search's tolerance."""
+    of a step per period) after two evaluations a row (the guess and a step from it), in two calls; a guess
+    that is off, near or far, still gives an answer to the search's tolerance."""
     cases, high = _search_cases()
     rows = rows_of([CAT.profile("mistral-7b", f) for f, _, _ in cases], [SLO_] * len(cases),
                    [m for _, m, _ in cases], [c for _, _, c in cases])
@@ -192,9 +194,10 @@ def test_a_guess_from_last_period_ends_the_search_in_one_call(monkeypatch: pytes
     cold_calls = calls[0]
     searched = (cold > 0) & (cold < high)
     assert searched.sum() > len(cases) // 2
-    calls[0] = 0
+    calls[:] = [0, 0]
     warm = largest_load(rows, high, 0.01, guess=cold)
-    assert calls[0] == 1 < cold_calls
+    assert calls == [2, 2 * len(cases)]
+    assert calls[0] < cold_calls
     assert warm.tolist() == cold.tolist()
     for factor in (1.004, 1 / 1.004, 3.0, 1 / 3.0):
         got = largest_load(rows, high, 0.01, guess=cold * factor)
@@ -205,9 +208,9 @@ def test_a_guess_from_last_period_ends_the_search_in_one_call(monkeypatch: pytes
     # The TPOT quantile likewise: its answer is the upper end, and a guess at it holds it.
     load = np.where(cold > 0, cold / 2, 1.0)
     t = tpot_quantile(rows, load)
-    calls[0] = 0
+    calls[:] = [0, 0]
     assert tpot_quantile(rows, load, guess=t).tolist() == t.tolist()
-    assert calls[0] == 1
+    assert calls == [2, 2 * len(cases)]
     off = tpot_quantile(rows, load, guess=t * 1.5)
     assert np.all(np.abs(off / t - 1) <= 2 * RTOL)
 

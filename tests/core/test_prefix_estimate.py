@@ -8,7 +8,14 @@ from dataclasses import replace
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.core.estimate import MAX_PREFIX_DISCOUNT, estimate, update_corrections, with_prefix_hits
+from rayscale.core.catalog import Catalog, profile_key
+from rayscale.core.estimate import (
+    MAX_PREFIX_DISCOUNT,
+    estimate,
+    prefix_scales,
+    scaled_profile,
+    update_corrections,
+)
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix
 
 CAT = load_catalog()
@@ -44,21 +51,46 @@ def test_no_observed_hit_rate_no_discount() -> None:
     for h in (None, 0.0):
         d = estimate(CAT, {MODEL: replace(SIG, prefix_hit_rate=h)})[MODEL]
         assert {f: c.rps for f, c in d.capacity.items()} == {f: c.rps for f, c in base.capacity.items()}
-    assert with_prefix_hits(CAT, {MODEL: SIG}) is CAT
+    assert prefix_scales(CAT, {MODEL: SIG}) == {}
     # Stale signals carry no usable rate: the profiles stay as published.
     stale = replace(SIG, freshness=Freshness.STALE, prefix_hit_rate=0.5)
-    assert with_prefix_hits(CAT, {MODEL: stale}) is CAT
+    assert prefix_scales(CAT, {MODEL: stale}) == {}
 
 
 def test_discount_is_bounded_and_only_prefill() -> None:
-    cat = with_prefix_hits(CAT, {MODEL: replace(SIG, prefix_hit_rate=0.99)})
+    other = next(m for m in CAT.models if m != MODEL)
+    scales = prefix_scales(CAT, {MODEL: replace(SIG, prefix_hit_rate=0.99), other: replace(SIG, model=other)})
+    assert scales == {MODEL: pytest.approx(1 / (1 - MAX_PREFIX_DISCOUNT))}  # no hit rate, no discount
     for f in CAT.models[MODEL].parallelism:
-        old, new = CAT.profile(MODEL, f), cat.profile(MODEL, f)
+        old = CAT.profile(MODEL, f)
+        new = scaled_profile(old, scales[MODEL])
         assert new.prefill_tokens_per_s == pytest.approx(old.prefill_tokens_per_s / (1 - MAX_PREFIX_DISCOUNT))
         assert new.kv_tokens == old.kv_tokens and new.itl_alpha_s == old.itl_alpha_s
-    other = next(m for m in CAT.models if m != MODEL)
-    f = next(iter(CAT.models[other].parallelism))
-    assert cat.profile(other, f) is CAT.profile(other, f)  # a model without a hit rate keeps its profiles
+
+
+def _discounted(cat: Catalog, model: str, scale: float) -> Catalog:
+    profiles = dict(cat.profiles)
+    for f in cat.models[model].parallelism:
+        profiles[profile_key(model, f)] = scaled_profile(profiles[profile_key(model, f)], scale)
+    return cat.model_copy(update={"profiles": profiles})
+
+
+@pytest.mark.parametrize("hit_rate", [0.1, 0.3])
+def test_the_discount_is_the_scaled_profiles_exactly(hit_rate: float) -> None:
+    """The estimator discounts prefill in its columns, not in copies of the profiles: every capacity (the
+    infeasible flavors' reasons and the best-effort fallbacks too) and every correction are what the
+    profiles with their prefill scaled give, to the last bit."""
+    f = next(iter(CAT.models[MODEL].parallelism))
+    obs = FlavorObservation(replicas=2, running_per_replica=3.0, prompt_mean=MIX.prompt_mean, completed=50,
+                            prefill_mean_s=0.4, tpot_p95_s=0.03)
+    hit = replace(SIG, per_flavor={f: obs}, prefix_hit_rate=hit_rate)
+    scaled = _discounted(CAT, MODEL, prefix_scales(CAT, {MODEL: hit})[MODEL])
+    plain = replace(hit, prefix_hit_rate=None)
+    got, want = estimate(CAT, {MODEL: hit})[MODEL], estimate(scaled, {MODEL: plain})[MODEL]
+    assert got.capacity == want.capacity and got.fallback == want.fallback
+    assert any(not c.feasible for c in got.capacity.values())  # the reasons are compared too
+    assert update_corrections(CAT, {MODEL: hit}, {}, smoothing=1.0) == update_corrections(
+        scaled, {MODEL: plain}, {}, smoothing=1.0)
 
 
 def test_corrections_compare_with_the_discounted_prefill() -> None:
