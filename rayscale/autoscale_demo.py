@@ -347,6 +347,7 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     finally:
         ctl.stop()
         actuator.close()
+        ctl.scraper.close()
     rows = [row_of(r, t0) for r in ctl.records if r.plan]
     out(timeline_table(rows))
     out(res.summary.table(title=f"{MODEL} (emulated) through the burst, autoscaled by rayscale"))

@@ -79,6 +79,7 @@ class ControllerActor:
         self.ctl.stop()
         self._thread.join(timeout=30)
         self.actuator.close()
+        self.ctl.scraper.close()
 
 
 def start_detached(spec: ControllerSpec) -> Any:

@@ -181,7 +181,8 @@ def _profile_columns(profiles: Sequence[Profile]) -> npt.NDArray[np.float64]:
     key = b""
     if len(profiles) >= _CACHED_FROM:
         key = np.fromiter(map(id, profiles), dtype=np.int64, count=len(profiles)).tobytes()
-        if (hit := _COLUMNS.entries.get(key)) is not None:
+        if (hit := _COLUMNS.entries.pop(key, None)) is not None:
+            _COLUMNS.entries[key] = hit  # the most recently used last: the oldest goes first
             return hit[1]
     # Straight from the models' field dicts: attribute access on 14,000 pydantic profiles is most of the time.
     fields = list(map(vars, profiles))
@@ -193,7 +194,7 @@ def _profile_columns(profiles: Sequence[Profile]) -> npt.NDArray[np.float64]:
     if key:
         cols.flags.writeable = False  # shared by later calls: nothing may change it in place
         if len(_COLUMNS.entries) >= _CACHED_BATCHES:
-            del _COLUMNS.entries[next(iter(_COLUMNS.entries))]  # the oldest
+            del _COLUMNS.entries[next(iter(_COLUMNS.entries))]  # the least recently used
         _COLUMNS.entries[key] = (tuple(profiles), cols)
     return cols
 
