@@ -17,7 +17,8 @@ BENCHES = [
     ["bench.restart", "--out", "bench/results/restart.md"],
     ["bench.checkpoint_size", "--out", "bench/results/checkpoint_size.md"],
     ["bench.long_prompts", "--out", "bench/results/long_prompts.md"],
-    ["bench.planner", "--out", "bench/results/planner.md"],
+    # The step before its 1,000-model speed-ups, timed beside this checkout (bench/README.md).
+    ["bench.planner", "--out", "bench/results/planner.md", "--against", "be997ea"],
     ["bench.simulate_speed"],
     ["bench.simulate_policies", "--out", "bench/results/sim_policies.md", "--plots"],
     ["bench.burst_floor", "--out", "bench/results/burst_floor.md"],
