@@ -358,14 +358,6 @@ def _fits(st: _Greedy, moves: list[Move]) -> bool:
         v <= st.nodes_left[f] + 1e-9 for f, v in use_n.items())
 
 
-def _fits_one(st: _Greedy, u: int) -> bool:
-    """One more replica of unit u fits the limits left (``_fits`` of that move alone; where it does not, no
-    move on u does, and ``_room`` is 0)."""
-    f = st.units.flavor[u]
-    return (f not in st.devices_left or st.units.devices[u] <= st.devices_left[f] + 1e-9) and (
-        f not in st.nodes_left or st.units.nodes[u] <= st.nodes_left[f] + 1e-9)
-
-
 def _take(st: _Greedy, u: int, a: float) -> None:
     st.added[u] += a
     f = st.units.flavor[u]
@@ -454,8 +446,10 @@ def _cover(st: _Greedy, i: int) -> None:
     c = st.candidates
     if st.rest[i] <= 0 or i not in st.units_of or c is None:
         return
-    if st.limited and not any(_fits_one(st, u) for u in st.units_of[i]):
-        return  # every flavor it may use is full (a large fleet at its limits: most of the short models)
+    # Every flavor it may use is full (a large fleet at its limits: most of the short models). Where one more
+    # replica of a unit does not fit, no move on it does, and _room is 0: neither path below could add any.
+    if st.limited and not any(_fits(st, [(u, 1.0)]) for u in st.units_of[i]):
+        return
     chosen: list[Move] | None = None
     row = int(c.row_of[i])
     s = int(c.cheapest[row])
