@@ -90,6 +90,19 @@ def variants() -> dict[str, Settings]:
         "feedback floor over 11 min": replace(s, feedback=replace(fb, floor_window_s=660.0)),
         "feedback floor at 0.9 of arrivals": replace(s, feedback=replace(fb, floor_share=0.9)),
         "feedback floor at 0.95 of arrivals": replace(s, feedback=replace(fb, floor_share=0.95)),
+        "feedback caps a window at 2x the misses": replace(s, feedback=replace(fb, window_miss_cap=2.0)),
+        "window cap 5x": replace(s, feedback=replace(fb, window_miss_cap=5.0)),
+        "rise needs arrivals + window cap 5x": replace(s, feedback=replace(fb, rise_needs_arrivals=True,
+                                                                           window_miss_cap=5.0)),
+        "rise needs arrivals + window cap 5x + tighten 1.0/h": replace(s, feedback=replace(
+            fb, rise_needs_arrivals=True, window_miss_cap=5.0, tighten_per_h=1.0)),
+        "rise needs arrivals + window cap 5x + tighten 1.0/h + max 1.25": replace(s, feedback=replace(
+            fb, rise_needs_arrivals=True, window_miss_cap=5.0, tighten_per_h=1.0, max_factor=1.25)),
+        "rise needs arrivals": replace(s, feedback=replace(fb, rise_needs_arrivals=True)),
+        "rise needs arrivals + window cap 2x": replace(s, feedback=replace(fb, rise_needs_arrivals=True,
+                                                                          window_miss_cap=2.0)),
+        "rise needs arrivals + window cap 2x + floor trim 0.9": replace(s, feedback=replace(
+            fb, rise_needs_arrivals=True, window_miss_cap=2.0, burst_floor_min_factor=0.9)),
         "feedback leaves the burst floor": replace(s, feedback=replace(fb, relax_burst_floor=False)),
         "feedback relaxes the burst floor to 0.7": replace(s, feedback=replace(fb, min_factor=0.7)),
         "feedback applied on rises": replace(s, feedback=replace(fb, rise_above=None)),

@@ -265,12 +265,15 @@ def _with_rise(demands: Mapping[str, Demand], signals: Mapping[str, ModelSignals
 def _rising(d: Demand, sig: ModelSignals | None, cfg: Settings) -> float | None:
     """The level a demand rises above by more than ``FeedbackSettings.rise_above`` (the highest arrival rate
     of the last ``peak_hold_s``, or now), or None when it does not: a forecast's trend or season above every
-    rate the fleet has been sized for, or a backlog."""
+    rate the fleet has been sized for, or a backlog; with ``rise_needs_arrivals``, only while the arrivals
+    now are within ``rise_above`` of that level."""
     rise = cfg.feedback.rise_above
     if rise is None or sig is None or sig.arrival_rate_rps is None:
         return None
     held = sig.rate_history[-_peak_windows(cfg):]
     level = max((sig.arrival_rate_rps, *held))
+    if cfg.feedback.rise_needs_arrivals and sig.arrival_rate_rps * (1.0 + rise) < level:
+        return None
     return level if d.rps > level * (1.0 + rise) else None
 
 
