@@ -44,7 +44,10 @@ class FeedbackSettings:
     # one, bench/results/tune_young.md). It rises at once.
     relax_after_s: float = 1800.0
     # ... and below the goal it rises by tighten_per_h an hour at a slack of -1 (twice the allowed misses),
-    # in proportion to the shortfall, up to max_factor.
+    # in proportion to the shortfall, up to max_factor. With each window's misses capped (window_miss_cap)
+    # a shortfall no longer holds the record down for hours, so it is answered faster and further: at 0.3/h
+    # up to 1.1 the dev Azure code trace x3 met 98.75% with the cap (bench/results/tune_window_cap.md); at
+    # 1.0/h up to 1.25, 99.02% (tune_window_cap_tighten.md).
     tighten_per_h: float = 1.0
     max_factor: float = 1.25
     # Requests the smoothed record must hold before it moves the factor (a few minutes of light traffic).
@@ -88,11 +91,14 @@ class FeedbackSettings:
     # ... and only while the arrivals now are within rise_above of that highest rate (false: whatever they
     # are). A rise arrives at the top of what was held; a minute-long burst leaves the forecast's trend
     # climbing for minutes after it has gone, and a factor lifted each time holds the fleet for the burst
-    # that went plus its trend (generated 60-s bursts every 7 min: six L40S where five meet the SLO).
+    # that went plus its trend (held-out 60-s bursts every 7 min: six L40S where five meet the SLO, read off
+    # its timeline; on dev it changed nothing, bench/results/tune_window_cap.md).
     rise_needs_arrivals: bool = True
     # A window counts at most this many times the allowed misses (1 - goal; None: as delivered). The record
     # is a ratio of smoothed rates, so one window of a cold start's queue (a third of a burst's requests met)
-    # holds it below the goal for two hours of windows that met every request, and the factor at its maximum.
+    # holds it below the goal for two hours of windows that met every request, and the factor at its maximum:
+    # the dev Azure code trace x3 met 99% in steady state only on the record of its warm-up's cold start
+    # (98.69% at 9% less cost with a 2x cap, tune_window_cap.md; 5x gave the same on the two seeds tried).
     window_miss_cap: float | None = 5.0
 
     def __post_init__(self) -> None:
