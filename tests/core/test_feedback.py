@@ -242,10 +242,10 @@ def test_misses_of_a_model_served_best_effort_do_not_move_its_record() -> None:
 
 def test_a_capped_window_counts_at_most_its_share_of_misses_and_the_record_recovers_sooner() -> None:
     """A cold start's queue (a third of a window's requests met) held the record under the goal for two
-    hours of perfect windows; counted as five times the allowed misses (shipped) it is back above the goal
-    within the hour. A sustained shortfall still tightens at the full rate (slack -1 is the rate's limit)."""
-    uncapped = replace(FB, window_miss_cap=None)
-    for fb, hours in ((uncapped, 2.0), (FB, 1.0)):
+    hours of perfect windows; counted as five times the allowed misses it is back above the goal within the
+    hour. A sustained shortfall still tightens at the full rate (slack -1 is the rate's limit)."""
+    uncapped, capped = replace(FB, window_miss_cap=None), replace(FB, window_miss_cap=5.0)
+    for fb, hours in ((uncapped, 2.0), (capped, 1.0)):
         rec = delivered(None, _sig(300.0, 0.35), 30.0, 0.0, GOAL, fb)
         assert rec is not None and rec.attainment is not None
         assert rec.attainment == pytest.approx(0.35 if fb is uncapped else 1.0 - 5.0 * (1.0 - GOAL))
@@ -256,7 +256,7 @@ def test_a_capped_window_counts_at_most_its_share_of_misses_and_the_record_recov
             assert rec is not None
         assert (t > hours * 3600.0) == (fb is uncapped)
     short = _record(1.0 - 3.0 * (1.0 - GOAL))
-    assert next_factor(short, 600.0, GOAL, FB) == next_factor(short, 600.0, GOAL, uncapped) > 1.0
+    assert next_factor(short, 600.0, GOAL, capped) == next_factor(short, 600.0, GOAL, uncapped) > 1.0
     with pytest.raises(ValueError, match="window_miss_cap"):
         FeedbackSettings(window_miss_cap=0.5)
 
