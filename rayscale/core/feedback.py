@@ -46,9 +46,8 @@ class FeedbackSettings:
     # ... and below the goal it rises by tighten_per_h an hour at a slack of -1 (twice the allowed misses),
     # in proportion to the shortfall, up to max_factor. With each window's misses capped at 5x
     # (window_miss_cap) and the rise gate on arrivals, 1.0/h up to 1.25 met 99.02% on the dev Azure code trace
-    # x3 (0.3/h up to 1.1: 98.75%) and the rule chose it (bench/results/tune_window_cap_tighten.md); it is not
-    # shipped until the held-out split has reported it (Mooncake 1 h steady: 6% dearer, spiky seed 0: 15%
-    # cheaper, the fast day not run).
+    # x3 (1.0/h up to 1.1: 98.75%) and the rule chose it (bench/results/tune_window_cap_tighten.md); not
+    # shipped before a whole held-out run reports it (bench/README.md).
     tighten_per_h: float = 0.3
     max_factor: float = 1.1
     # Requests the smoothed record must hold before it moves the factor (a few minutes of light traffic).
