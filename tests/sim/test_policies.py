@@ -271,7 +271,7 @@ def test_signals_carry_arrivals_per_period_over_the_last_hour():
 
 def test_the_burst_floor_holds_capacity_for_bursts_within_the_minute(capsys, tmp_path):
     # 10-s bursts at 40 req/s every 2 min over 1 req/s: each is over before capacity could start for it.
-    # SLO feedback off in both runs: its factor (up to 1.25) buys back part of what the floor holds, and this
+    # SLO feedback off in both runs: a factor that rises faster buys back part of what the floor holds, and this
     # is the floor's own effect.
     no_feedback = tmp_path / "settings.yaml"
     no_feedback.write_text("feedback:\n  enabled: false\n")
