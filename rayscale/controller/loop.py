@@ -114,7 +114,11 @@ def record_line(r: DecisionRecord) -> str:
              + (f" {s['missing_replicas']}<min" if s.get("missing_replicas") else "")
              for s in r.plan.get("shortfalls", [])]
     shorts = f" SHORTFALL {'; '.join(short)}" if short else ""
-    return (f"[{r.t:.0f}] plan ${r.plan.get('usd_per_h', 0):.2f}/h gangs {gangs} replicas {replicas} "
+    # the load each model is planned for, or that it is not known (then the plan holds, never reads zero)
+    load = " ".join(f"{m}=" + (f"{s['arrival_rate_rps']:.2f}req/s" if s.get("freshness") == "fresh"
+                               and "arrival_rate_rps" in s else f"{s.get('freshness', 'missing')}")
+                    for m, s in sorted(r.signals.items())) or "-"
+    return (f"[{r.t:.0f}] load {load} plan ${r.plan.get('usd_per_h', 0):.2f}/h gangs {gangs} replicas {replicas} "
             f"actions={acts}{errs}{shorts}")
 
 

@@ -100,3 +100,16 @@ def test_grafana_dashboard_queries_series_the_endpoint_serves_under_both_names()
         assert all(re.fullmatch(sel, "ray_" + n) for n in served), f"{sel!r} misses Ray's ray_ name"
     shown = {PREFIX + n for n in SHOWN}
     assert {n for n in shown for sel in selectors if re.fullmatch(sel, n)} == shown
+
+
+def test_the_terminal_line_says_each_models_load_or_that_it_is_unknown() -> None:
+    """A model whose metrics the controller cannot read shows as such, not as a quiet unchanged plan."""
+    from rayscale.controller.loop import record_line
+
+    rec = DecisionRecord(
+        t=1.0, signals={"mistral-7b": {"freshness": "fresh", "arrival_rate_rps": 3.6663},
+                        "qwen2-7b": {"freshness": "missing"}, "qwen2-72b": {"freshness": "stale"}},
+        plan={"usd_per_h": 1.0, "entries": []}, actions=[], errors=[], durations_ms={}, gangs={},
+        serve={"mistral-7b--a10g": 1}, by_flavor={"a10g": {"ready": 1, "pending": 0, "failed": 0, "nodes": 1}})
+    line = record_line(rec)
+    assert "load mistral-7b=3.67req/s qwen2-72b=stale qwen2-7b=missing plan $1.00/h" in line, line

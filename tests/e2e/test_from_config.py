@@ -78,7 +78,8 @@ def _records(d: Path) -> list[dict[str, Any]]:
 def _why(w: dict[str, Any]) -> str:
     recs = _records(w["dir"])
     out = (w["dir"] / "controller.out").read_text(errors="replace")[-2000:]
-    return f"controller output:\n{out}\nlast records: {[(r.get('serve'), r.get('actions')) for r in recs[-5:]]}"
+    last = [(r.get("signals"), r.get("serve"), r.get("actions")) for r in recs[-5:]]
+    return f"controller output:\n{out}\nlast records (signals, serve, actions): {last}"
 
 
 def _wait(w: dict[str, Any], predicate: Any, timeout_s: float, what: str) -> Any:
@@ -127,8 +128,11 @@ def test_llm_config_served_and_scaled_by_the_controller(world: dict[str, Any]) -
         _wait(world, serves, 240, "the first replica to serve")
     except AssertionError as e:
         raise AssertionError(f"{e}\nlast answer: {last}\nServe: {_serve_state(world)}") from None
+    # Metrics are Ray's: the replica's reach the node's exporter some seconds after it serves, and until the
+    # controller reads them it holds (missing metrics are not zero load). Load before that would go unseen.
+    _wait(world, lambda: _fresh(world["dir"]), 180, "the controller to read the replica's metrics")
     # ~3 req/s where one replica serves ~1: the controller adds nodes and replicas
-    trace = poisson(3.0, 60.0, seed=5, prompt=LengthDist(100, 0.3, 50, 200), output=LengthDist(32, 0.0, 32, 32))
+    trace = poisson(3.0, 90.0, seed=5, prompt=LengthDist(100, 0.3, 50, 200), output=LengthDist(32, 0.0, 32, 32))
     box: dict[str, Any] = {}
     t = threading.Thread(target=lambda: box.setdefault("res", replay(trace, LoadGenConfig(
         base_url=url, model=MODEL, max_output_tokens=32, progress=False, request_timeout_s=90, seed=5))))
@@ -136,7 +140,7 @@ def test_llm_config_served_and_scaled_by_the_controller(world: dict[str, Any]) -
     try:
         _wait(world, lambda: _running(world) >= 2, 200, "a second replica running")
     finally:
-        t.join(240)
+        t.join(270)
     assert not t.is_alive(), "the load replay did not finish"
     res = box["res"]
     assert res.summary.errors == 0, res.summary.table()
@@ -144,6 +148,11 @@ def test_llm_config_served_and_scaled_by_the_controller(world: dict[str, Any]) -
     assert len(ups) >= 2, _why(world)
     nodes = [n for n in world["cluster"].nodes() if not n.is_head]
     assert len(nodes) >= 2 and all(n.flavor == "a10g" for n in nodes)
+
+
+def _fresh(d: Path) -> bool:
+    recs = _records(d)
+    return bool(recs) and recs[-1].get("signals", {}).get(MODEL, {}).get("freshness") == "fresh"
 
 
 def _running(w: dict[str, Any]) -> int:
