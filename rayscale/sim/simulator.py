@@ -213,6 +213,10 @@ class Simulation:
         w = min(self.cfg.signal_window_s, max(now, self.cfg.control_period_s))
         lo, hi = self._count(now - w, now)
         rate = (hi - lo) / w
+        fast = self.cfg.settings.fast_window_s
+        if fast is not None and fast < w:  # as the controller reads it (rayscale.signals.window.aggregate)
+            f_lo, f_hi = self._count(now - fast, now)
+            rate = max(rate, (f_hi - f_lo) / fast)
         k = self.cfg.settings.mix_min_requests
         span = self.cfg.settings.mix_max_s if k else 0.0
         while self._done and self._done[0][0] < now - max(self.cfg.signal_window_s, span):

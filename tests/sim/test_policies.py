@@ -15,6 +15,7 @@ from rayscale.core.settings import Settings
 from rayscale.sim.policies import POLICIES, RayscalePolicy, StockConfig, StockPolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
 from rayscale.sim.sources import TraceSpecError, load_spec
+from rayscale.sim.trace import Trace
 
 CAT = load_catalog()
 
@@ -309,3 +310,30 @@ def test_a_restarted_controller_keeps_the_fleet_serving_and_reads_its_checkpoint
     assert restored.state.delivered[model].requests > 0.95 * plain.state.delivered[model].requests
     assert len(restored.state.rate_history[model]) >= len(plain.state.rate_history[model]) - 1
     assert (c.slo_attainment, c.cost_usd) == pytest.approx((a.slo_attainment, a.cost_usd), rel=0.01)
+
+
+@pytest.mark.parametrize("fast_window_s", [None, 10.0])
+def test_the_simulator_reads_the_arrival_rate_as_the_controller_does(fast_window_s):
+    """A step from 0.5 to 3 req/s: the simulated signals' rate is what rayscale.signals.window.aggregate
+    reads from counters scraped once a period over the same arrivals (with the fast window, the step shows
+    within its 10 s; without, diluted over the 30 s window)."""
+    from rayscale.core.signals import Freshness
+    from rayscale.signals.window import Scrape, aggregate
+    from tests.signals.test_window import _rep
+
+    arrivals = np.concatenate([np.arange(0.0, 60.0, 2.0), 60.0 + np.arange(0.0, 30.0, 1 / 3)])
+    n = len(arrivals)
+    tr = Trace.from_arrays(arrivals, np.full(n, 100), np.full(n, 10))
+    settings = replace(Settings(), fast_window_s=fast_window_s)
+    sim = Simulation(CAT, tr, StockPolicy(), SimConfig(settings=settings))
+    for now in (65.0, 70.0, 80.0, 90.0):
+        ts = np.arange(now - settings.window_s, now + 1e-9, settings.period_s)
+        scrapes = [Scrape(t, _rep("mistral-7b", "a10g", "r1", t, (c := float(np.searchsorted(arrivals, t))), c, 0, {}))
+                   for t in ts]
+        read = aggregate(scrapes, now, settings.window_s, settings.stale_after_s,
+                         fast_window_s=settings.fast_window_s)["mistral-7b"]
+        assert read.freshness == Freshness.FRESH
+        assert sim.signals(now).arrival_rate_rps == pytest.approx(read.arrival_rate_rps), now
+    # the step 10 s in: the fast window reads the new rate, the whole window a third of the way there
+    expected = 3.0 if fast_window_s else (3.0 * 10 + 0.5 * 20) / 30
+    assert sim.signals(70.0).arrival_rate_rps == pytest.approx(expected, rel=0.05)
