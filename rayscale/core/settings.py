@@ -38,7 +38,7 @@ class Settings:
     period_s: float = 5.0  # one step per period
     window_s: float = 30.0  # arrival rate, mix and latency percentiles are read over this window
     # A rise in arrivals counts over this shorter tail of the window too (fast up, slow down); None: off.
-    # Off: at a few req/s a 10-s count is Poisson noise of +-20%, and reading its highs as rises orders
+    # Off: at 3 req/s a 10-s count varies by 18% (one Poisson sd), and reading its highs as rises orders
     # replicas for noise (bench/results/tune_fast_window.md). The local demo's settings turn it on.
     fast_window_s: float | None = None
     stale_after_s: float = 20.0  # signals older than this are stale, never zero
