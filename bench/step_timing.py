@@ -4,6 +4,7 @@ signals, the gangs) and `bench.planner.synthetic` from the checkout it measures.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import math
@@ -114,5 +115,29 @@ def later_steps_json(root: str, repeat: int) -> str:
     return json.dumps({kind: time_step(cat, sig, repeat, kind == "observed")[1] for kind in ("fixed", "observed")})
 
 
+def later_steps_reduced(root: str, steps: int, observed: bool) -> None:
+    """``steps`` later steps (1,000 x 20, 3x demand) run inside one ``functools.reduce`` call and nothing else
+    there, after a step that warms the state: what ``valgrind --tool=callgrind --toggle-collect=functools_reduce``
+    counts (bench.planner.instructions_table). Signals and cluster view are made before it."""
+    assert sys.path[0] == root, "the checkout's rayscale must be imported before this module's"
+    from bench.planner import synthetic
+
+    cat, sig = synthetic(1000, rate_scale=3.0, device_limit=1200)
+    settle_heap()
+    first = step(StepContext(0.0, cat, sig, (), ServeView({}, {}), Settings(), StepState()))
+    gangs, serve = cluster_view(cat, first.plan.target())
+    feed = Observed(sig)
+    feeds = [feed.next(gangs) if observed else sig for _ in range(steps + 1)]
+    warm = step(StepContext(5.0, cat, feeds[0], gangs, serve, Settings(), first.state)).state
+
+    def later(state: StepState, i: int) -> StepState:
+        return step(StepContext(5.0 * (i + 2), cat, feeds[i + 1], gangs, serve, Settings(), state)).state
+
+    functools.reduce(later, range(steps), warm)
+
+
 if __name__ == "__main__":
-    print(later_steps_json(sys.argv[1], int(sys.argv[2])))
+    if len(sys.argv) > 3:
+        later_steps_reduced(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "observed")
+    else:
+        print(later_steps_json(sys.argv[1], int(sys.argv[2])))

@@ -5,10 +5,13 @@ from __future__ import annotations
 import gc
 
 # Container allocations, net of frees, between two young collections. A step at 1,000 models x 20 flavors
-# allocates some 10^5 that outlive it (each (model, flavor)'s capacity, the plan's offers, the next state):
-# at CPython's default of 700 that is a young collection every few hundred microseconds of the step, each
-# scanning what the last ones kept. bench/planner.py times the step both ways.
-YOUNG_COLLECTION_EVERY = 50_000
+# (10,000 nodes in the view) holds between 50,000 and 100,000 new ones at its peak (each (model, flavor)'s
+# capacity, the plan's offers, the next state) and frees the last step's state when it ends. At CPython's
+# default of 700 that is a young collection every few hundred microseconds of the step, each scanning what
+# the last ones kept; at 50,000, one in every step (~20 ms of a 300-ms step scanning what the step has built);
+# at 200,000 the count falls back before it gets there, and a young collection comes once in some 30 steps.
+# bench/planner.py times the step both ways.
+YOUNG_COLLECTION_EVERY = 200_000
 
 
 def settle_heap() -> None:

@@ -26,6 +26,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 
 from rayscale.core.catalog import CapacityType, Catalog
 from rayscale.core.gangs import GangError, choose_zone, gang_shape
@@ -165,9 +166,14 @@ def decide(
     live = [g for g in live if not g.draining]
 
     by_key: dict[Key, list[Gang]] = defaultdict(list)
-    for g in live:
-        by_key[g.key].append(g)
-    pending_models = {g.model for g in live if g.phase == GangPhase.PENDING}
+    ready_n: dict[Key, int] = defaultdict(int)  # ready gangs per key
+    pending_models: set[str] = set()
+    for g in live:  # one pass: a 10,000-node fleet is as many gangs
+        by_key[key := g.key].append(g)
+        if g.phase == GangPhase.READY:
+            ready_n[key] += 1
+        elif g.phase == GangPhase.PENDING:
+            pending_models.add(g.model)
     slots = _slots(catalog, {(k[0], k[1]) for k in set(target) | set(by_key)})
     gangs_wanted = {k: -(-n // slots[(k[0], k[1])]) for k, n in target.items()}
 
@@ -179,7 +185,7 @@ def decide(
     flavors_of: dict[tuple[str, str], list[Key]] = defaultdict(list)
     for key in set(target) | set(by_key):
         flavors_of[(key[0], key[1])].append(key)
-    desired = _desired(catalog, target, by_key, flavors_of, serve_target, slots)
+    desired = _desired(catalog, target, ready_n, flavors_of, serve_target, slots)
     coming = _coming(desired, serving)
     for mf, (n, want, ready) in desired.items():
         keep = _kept(mf, n, serve_target.get(mf, 0), coming.get(mf[0], {}), mf[0] in pending_models,
@@ -205,17 +211,18 @@ def _room(gangs_wanted: dict[Key, int], live: list[Gang]) -> dict[tuple[str, str
     return room
 
 
-def _desired(catalog: Catalog, target: dict[Key, int], by_key: dict[Key, list[Gang]],
+def _desired(catalog: Catalog, target: dict[Key, int], ready_n: dict[Key, int],
              flavors_of: dict[tuple[str, str], list[Key]], serve_target: dict[tuple[str, str], int],
              slots: dict[tuple[str, str], int]) -> dict[tuple[str, str], tuple[int, int, int]]:
-    """Per (model, flavor): (replicas Serve should run, replicas planned, ready gangs). Only deployments of
-    models and flavors this controller owns: other apps' replicas are not ours."""
+    """Per (model, flavor): (replicas Serve should run, replicas planned, ready gangs); ``ready_n``: ready
+    gangs per key. Only deployments of models and flavors this controller owns: other apps' replicas are
+    not ours."""
     owned = {mf for mf in serve_target if mf[0] in catalog.models and mf[1] in catalog.models[mf[0]].parallelism}
     desired: dict[tuple[str, str], tuple[int, int, int]] = {}
     for mf in sorted(set(flavors_of) | owned):
         keys = flavors_of.get(mf, [])
         want = sum(target.get(k, 0) for k in keys)
-        ready = sum(1 for k in keys for g in by_key.get(k, []) if g.phase == GangPhase.READY)
+        ready = sum(ready_n.get(k, 0) for k in keys)
         desired[mf] = (min(want, ready * slots.get(mf, 1)), want, ready)
     return desired
 
@@ -300,7 +307,7 @@ def _drop_failed(catalog: Catalog, gangs: list[Gang], backoffs: set[tuple[str, s
     (added to ``backoffs``). Returns those actions and the live gangs, by name."""
     actions: list[Action] = []
     live: list[Gang] = []
-    for g in sorted(gangs, key=lambda g: g.name):
+    for g in sorted(gangs, key=attrgetter("name")):
         if g.phase != GangPhase.PENDING and g.phase != GangPhase.FAILED:
             live.append(g)
             continue
@@ -326,7 +333,7 @@ def _create_gangs(catalog: Catalog, target: dict[Key, int], gangs: list[Gang], b
     """Up: whole gangs, deterministic names (lowest free index) so a retry after a crash is idempotent.
     Takes what it creates from ``room``."""
     actions: list[CreateGang] = []
-    used_names = {g.name for g in gangs}
+    used_names: set[str] | None = None  # built at the first gang to name: most periods order none
     for key in sorted(set(target) | set(by_key)):
         model, flavor, ct = key
         want, have = gangs_wanted.get(key, 0), by_key.get(key, [])
@@ -339,6 +346,8 @@ def _create_gangs(catalog: Catalog, target: dict[Key, int], gangs: list[Gang], b
         for g in have:
             taken[g.zone] += 1
         i = 0
+        if used_names is None:
+            used_names = {g.name for g in gangs}
         for _ in range(want - len(have)):
             zone = choose_zone(fl, CapacityType(ct), backoffs, taken)
             if zone is None:

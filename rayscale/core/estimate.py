@@ -48,6 +48,7 @@ from rayscale.core.attainment import (
 )
 from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, sharpness
 from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
+from rayscale.core.derived import derived
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import frozen_without_init, replaced
 from rayscale.core.signals import MIX_QUANTILES, MIX_WEIGHTS, Freshness, ModelSignals, RequestMix
@@ -202,9 +203,13 @@ def _profile_columns(profiles: Sequence[Profile]) -> npt.NDArray[np.float64]:
 def _shared(items: Sequence[Any], f: Callable[[Any], Any]) -> tuple[list[Any], npt.NDArray[np.intp]]:
     """``f`` of each distinct object in ``items`` (by identity) and, per item, the index of its value: a
     model's rows share its mix and SLO, so each is worked out once."""
-    ids = np.fromiter(map(id, items), dtype=np.int64, count=len(items))
-    _, first, of_item = np.unique(ids, return_index=True, return_inverse=True)
-    return [f(items[i]) for i in first.tolist()], of_item.reshape(-1)
+    n = len(items)
+    ids = np.fromiter(map(id, items), dtype=np.int64, count=n)
+    # Rows come in runs of one object (a model's flavors): the distinct ones are found among the runs.
+    starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]])) if n else np.zeros(0, dtype=np.intp)
+    _, first, of_run = np.unique(ids[starts], return_index=True, return_inverse=True)
+    of_item = np.repeat(of_run.reshape(-1), np.diff(np.append(starts, n)))
+    return [f(items[i]) for i in starts[first].tolist()], of_item
 
 
 def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
@@ -469,7 +474,8 @@ def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]
                  scales: dict[str, float]) -> tuple[dict[str, str], dict[str, dict[str, ReplicaCapacity]]]:
     """Best-effort capacities of the flavors that miss the SLO: in ``caps_of`` for the models no flavor of
     which meets it (with, per such model, the reason), else apart (Demand.fallback)."""
-    pairs = [(m, f) for m, caps in caps_of.items() for f, c in caps.items() if not c.feasible]
+    # c.feasible, inline: this runs over every (model, flavor) pair.
+    pairs = [(m, f) for m, caps in caps_of.items() for f, c in caps.items() if not c.rps > 0 or c.best_effort]
     none = Correction()
     caps = best_effort_capacities(
         [catalog.profile(m, f) for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
@@ -493,23 +499,31 @@ def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]
     return out, fallback
 
 
+def _pairs(catalog: Catalog) -> tuple[list[tuple[str, str]], list[Profile], list[SLO]]:
+    """The catalog's (model, flavor) pairs, model by model, with their profiles and their models' SLOs."""
+    pairs = [(name, f) for name, spec in catalog.models.items() for f in spec.parallelism]
+    return pairs, [catalog.profiles[profile_key(m, f)] for m, f in pairs], [catalog.models[m].slo for m, _ in pairs]
+
+
 def _capacities_of(catalog: Catalog, mixes: dict[str, RequestMix], corrections: dict[tuple[str, str], Correction],
                    settings: EstimateSettings, previous: dict[str, Demand] | None, scales: dict[str, float]
                    ) -> dict[str, dict[str, ReplicaCapacity]]:
     """Per model and flavor, one replica's capacity for the model's mix, all pairs in one batch."""
-    pairs = [(name, f) for name, spec in catalog.models.items() for f in spec.parallelism]
-    profiles = catalog.profiles
+    pairs, profiles, slos = derived(catalog, "pairs", _pairs)
     none = Correction()
     guesses = None
     if previous:
         guesses = [c.batch if (d := previous.get(m)) and (c := d.capacity.get(f)) else 0.0 for m, f in pairs]
     all_caps = replica_capacities(
-        [profiles[profile_key(m, f)] for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
+        profiles, slos,
         [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs], settings.target_utilization,
         settings.attainment, guesses, [scales.get(m, 1.0) for m, _ in pairs] if scales else None)
-    caps_of: dict[str, dict[str, ReplicaCapacity]] = {name: {} for name in catalog.models}
-    for (m, f), c in zip(pairs, all_caps, strict=True):
-        caps_of[m][f] = c
+    caps_of: dict[str, dict[str, ReplicaCapacity]] = {}
+    start = 0
+    for name, spec in catalog.models.items():  # the pairs run model by model
+        end = start + len(spec.parallelism)
+        caps_of[name] = dict(zip(spec.parallelism, all_caps[start:end], strict=True))
+        start = end
     return caps_of
 
 

@@ -27,7 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from rayscale.core.catalog import CapacityType, Catalog, Parallelism
+from rayscale.core.derived import derived
 from rayscale.core.estimate import Demand, DemandState, ReplicaCapacity, drain_rps, prior_mix
+from rayscale.core.frozen import frozen_without_init
 from rayscale.core.gangs import GangError, GangShape, gang_shape_for
 from rayscale.core.signals import RequestMix
 from rayscale.core.solver import (
@@ -428,8 +430,11 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
     slots: dict[str, int] = {}
     # A kept model offers only what it runs: most models in a large steady fleet, so skip the others early.
     running = {f for (_, f, _), n in cur.items() if n > 0} if mode == Mode.KEEP else None
-    for fname in sorted(spec.parallelism):
-        got = _cached_shape(b.catalog, b.shapes, fname, spec.parallelism[fname])
+    shapes = b.shapes
+    for fname, key in derived(b.catalog, "shape_keys", _shape_keys)[name]:
+        got = shapes.get(key)  # _cached_shape, inline: this runs for every (model, flavor) pair
+        if got is None:
+            got = shapes[key] = _offer_shape(b.catalog, fname, spec.parallelism[fname])
         if isinstance(got, str):
             b.notes.append(f"{name} on {fname}: {got}")
             continue
@@ -440,8 +445,10 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
         slots[fname] = shape.slots
         cap = caps[fname].rps if fname in caps else 0.0
         unit = len(b.gangs)
+        seen_spot = not b.spot_rates.get(fname, 0.0) <= 0  # as _counted reads it
         for ct, ctv, price in prices:
-            worth, risk = _counted(b, name, fname, ctv, cap, need_rps)
+            # _counted's common case (on demand, or spot with no interruption seen) without the call.
+            worth, risk = _counted(b, name, fname, ctv, cap, need_rps) if seen_spot else (1.0, 0.0)
             if 0 < worth < 0.995:
                 b.why[name] = (f"{b.why.get(name, '')}; spot {fname} counted at {worth:.0%} "
                                f"({b.spot_rates[fname]:.2f} interruptions per node-hour)")
@@ -591,8 +598,12 @@ def _entries(catalog: Catalog, problem: Problem, sol: Solution, have: list[int],
             changed.add(m)
         # Replicas are priced as their share of a gang; the plan pays for the whole gangs they pack into.
         g = gangs[(m, f)]
-        entries.append(PlanEntry(m, f, ctv, n, now_n, g, g.gangs_for(n) * g.slots * offs.usd_per_h[j],
-                                 n * offs.rps[j], why[m], offs.rps[j]))
+        rps = offs.rps[j]
+        # Built without __init__ (one object.__setattr__ a field): a 10,000-node fleet has thousands.
+        entries.append(frozen_without_init(PlanEntry, {
+            "model": m, "flavor": f, "capacity_type": ctv, "replicas": n, "current": now_n, "gang": g,
+            "usd_per_h": g.gangs_for(n) * g.slots * offs.usd_per_h[j], "rps_capacity": n * rps, "reason": why[m],
+            "replica_rps": rps}))
     # Replicas on offerings the catalog no longer has (flavor removed): plan them away, visibly.
     for k, n in sorted(current.items()):
         if k not in known and k[0] in catalog.models and (k[0], k[1]) in gangs:
@@ -635,6 +646,12 @@ def _shortfalls(catalog: Catalog, demands: dict[str, Demand], problem: Problem, 
 
 
 Shapes = dict[tuple[str, int, int], tuple[GangShape, list[tuple[CapacityType, str, float]], int] | str]
+
+
+def _shape_keys(catalog: Catalog) -> dict[str, tuple[tuple[str, tuple[str, int, int]], ...]]:
+    """Per model, its flavors in name order with their Shapes keys."""
+    return {name: tuple((f, (f, par.tp, par.pp)) for f, par in sorted(spec.parallelism.items()))
+            for name, spec in catalog.models.items()}
 
 
 def _cached_shape(catalog: Catalog, shapes: Shapes, flavor: str, par: Parallelism

@@ -97,19 +97,27 @@ class Solution:
 
 
 
+def _columns(offs: Sequence[Offering]) -> tuple[Sequence[str], Sequence[float], Sequence[int], Sequence[float]]:
+    """Model, req/s, slots and $/h per offering: an OfferingTable's own columns (not an Offering built per
+    access, thousands of them in a 1,000-model plan)."""
+    if isinstance(offs, OfferingTable):
+        return offs.model, offs.rps, offs.slots, offs.usd_per_h
+    return [o.model for o in offs], [o.rps for o in offs], [o.slots for o in offs], [o.usd_per_h for o in offs]
+
+
 def finish(p: Problem, counts: dict[int, int], method: str) -> Solution:
     """The solution of ``counts`` (offering index -> replicas): its cost in whole gangs, unmet demand and
     missing floors."""
     cap: dict[str, float] = {n.model: 0.0 for n in p.needs}
-    cost = 0.0
-    for j, k in counts.items():
-        o = p.offerings[j]
-        cap[o.model] += k * o.rps
-        cost += -(-k // o.slots) * o.slots * o.usd_per_h  # whole gangs
-    unmet = {n.model: n.rps - cap[n.model] for n in p.needs if cap[n.model] < n.rps - RPS_TOLERANCE}
     have: dict[str, int] = {n.model: 0 for n in p.needs}
+    cost = 0.0
+    model, rps, slots, usd = _columns(p.offerings)
     for j, k in counts.items():
-        have[p.offerings[j].model] += k
+        m = model[j]
+        cap[m] += k * rps[j]
+        have[m] += k
+        cost += -(-k // slots[j]) * slots[j] * usd[j]  # whole gangs
+    unmet = {n.model: n.rps - cap[n.model] for n in p.needs if cap[n.model] < n.rps - RPS_TOLERANCE}
     missing = {n.model: floor - have[n.model] for n in p.needs
                if have[n.model] < (floor := min(n.min_replicas, n.max_replicas))}
     return Solution(counts, unmet, cost, method, missing)

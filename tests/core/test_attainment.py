@@ -184,8 +184,9 @@ def _calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_a_guess_from_last_period_ends_the_search_in_two_evaluations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The control loop passes last period's answers: unchanged inputs give the same answer exactly (no drift
-    of a step per period) after two evaluations a row (the guess and a step from it), in two calls; a guess
-    that is off, near or far, still gives an answer to the search's tolerance."""
+    of a step per period) after two evaluations a row (the guess and a step from it), one where the answer
+    was the cap, in two calls; a guess that is off, near, far or past the cap, still gives an answer to the
+    search's tolerance."""
     cases, high = _search_cases()
     rows = rows_of([CAT.profile("mistral-7b", f) for f, _, _ in cases], [SLO_] * len(cases),
                    [m for _, m, _ in cases], [c for _, _, c in cases])
@@ -194,17 +195,22 @@ def test_a_guess_from_last_period_ends_the_search_in_two_evaluations(monkeypatch
     cold_calls = calls[0]
     searched = (cold > 0) & (cold < high)
     assert searched.sum() > len(cases) // 2
+    capped = int((cold == high).sum())  # within the SLO at the cap (KV cache, max_num_seqs): one evaluation
+    assert capped > 0
     calls[:] = [0, 0]
     warm = largest_load(rows, high, 0.01, guess=cold)
-    assert calls == [2, 2 * len(cases)]
+    assert calls == [2, 2 * len(cases) - capped]
     assert calls[0] < cold_calls
     assert warm.tolist() == cold.tolist()
-    for factor in (1.004, 1 / 1.004, 3.0, 1 / 3.0):
+    # Every guess at the cap, as after a period whose answers all were: the capped rows stay, the others
+    # step down from it to an answer within the tolerance.
+    for factor in (1.004, 1 / 1.004, 3.0, 1 / 3.0, 1e9):
         got = largest_load(rows, high, 0.01, guess=cold * factor)
         assert np.all(at_load(rows, np.where(searched, got, 1.0)).miss[searched] <= 0.01 + 1e-12)
         above = np.minimum(got * (1 + RTOL) ** 2, high)
         assert np.all(at_load(rows, above).miss[searched] > 0.01)
         assert np.all(np.abs(got[searched] / cold[searched] - 1) <= 2 * RTOL)
+        assert np.all(got[cold == high] == high[cold == high])
     # The TPOT quantile likewise: its answer is the upper end, and a guess at it holds it.
     load = np.where(cold > 0, cold / 2, 1.0)
     t = tpot_quantile(rows, load)
