@@ -141,7 +141,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             f.write("# Planner benchmark\n\n")
-            f.write("Command: `.venv/bin/python -m bench.planner --out bench/results/planner.md`\n\n")
+            f.write(f"Command: `.venv/bin/python -m bench.planner {' '.join(sys.argv[1:])}`\n\n")
             f.write(f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores; Python "
                     f"{platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n")
             f.write("Time is one reconcile (estimate + plan) from scratch, median. Goal: 100 x 20 <= 50 ms, "
@@ -160,6 +160,11 @@ def main() -> None:
                 f.write(f"\nThe same later steps (1,000 x 20, 3x demand) with the rayscale of git {args.against} and "
                         "with this checkout's, each in a process of its own, alternating (`--against "
                         f"{args.against}`; `bench/step_timing.py`):\n\n```\n" + against + "\n```\n")
+            if against:
+                f.write("\nWall time on a shared 2-core host moves by a third from one run to the next (here the same "
+                        "checkout's fixed later steps took 193 to 346 ms within one hour): the alternating rounds, "
+                        "their fastest, and the instruction counts below compare code; a single figure above "
+                        "describes the host at that moment as much as the step.\n")
             if counted:
                 f.write("\nInstructions per later step of the same two, counted by valgrind's callgrind over 2 steps "
                         "(`bench.planner.instructions_table`): exact and repeatable where the wall time of a shared "
