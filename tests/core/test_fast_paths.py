@@ -7,9 +7,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rayscale.config import load_catalog
 from rayscale.core.catalog import SLO, CapacityType, Profile
-from rayscale.core.estimate import Correction, replica_capacities, replica_capacity
-from rayscale.core.signals import RequestMix
+from rayscale.core.estimate import Correction, estimate, replica_capacities, replica_capacity
+from rayscale.core.plan import plan
+from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.solver import ModelNeed, Offering, OfferingTable, Problem, solve_exact, solve_greedy
 
 OD, SPOT = CapacityType.ON_DEMAND, CapacityType.SPOT
@@ -105,3 +107,29 @@ def test_heuristic_within_two_percent_of_exact_on_bench_instance() -> None:
     gr = plan(cat, d, settings=PlannerSettings(solver="greedy"))[0]
     assert not ex.shortfalls and not gr.shortfalls
     assert gr.usd_per_h <= ex.usd_per_h * 1.02 + 1e-9
+
+
+@FAST
+@given(st.lists(st.tuples(profiles, slos, mixes, corrs), min_size=2, max_size=5), st.lists(st.integers(0, 4), min_size=1,
+                                                                                            max_size=12))
+def test_rows_sharing_objects_in_any_order_equal_the_scalar_reference(
+        rows: list[tuple[Profile, SLO, RequestMix, Correction]], order: list[int]) -> None:
+    """A model's rows share its mix and SLO objects, worked out once per distinct object: the same object in
+    runs apart from each other (A, B, A) still gets its own values in every row."""
+    picked = [rows[i % len(rows)] for i in order]
+    prs, ss, ms, cs = (list(x) for x in zip(*picked, strict=True))
+    assert replica_capacities(prs, ss, ms, cs) == [replica_capacity(p, s, m, c) for p, s, m, c in picked]
+
+
+def test_what_is_derived_from_a_catalog_follows_the_catalog_object() -> None:
+    """Pairs and shape keys are derived once per catalog object: a new catalog (one model's flavors cut) is
+    estimated and planned on its own pairs, and the first again on all of its."""
+    cat = load_catalog()
+    name = "mistral-7b"
+    keep = sorted(cat.models[name].parallelism)[:2]
+    spec = cat.models[name].model_copy(update={"parallelism": {f: cat.models[name].parallelism[f] for f in keep}})
+    cut = cat.model_copy(update={"models": {**cat.models, name: spec}})
+    sig = {name: ModelSignals(name, Freshness.FRESH, 1.0, 4.0, RequestMix(1000, 200, 3000))}
+    for c, flavors in ((cat, sorted(cat.models[name].parallelism)), (cut, keep), (cat, sorted(cat.models[name].parallelism))):
+        assert sorted(estimate(c, sig)[name].capacity) == flavors
+        assert {e.flavor for e in plan(c, estimate(c, sig))[0].entries if e.model == name} <= set(flavors)
