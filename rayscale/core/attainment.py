@@ -277,8 +277,9 @@ def _bracket_guess(rows: Rows, g: _Search, guess: F64, a: F64, b: F64) -> tuple[
     only where its two points lie on one side of the crossing (g grows with x, so an end outside a bracket
     cannot change it). A guess at or past b (last period's answer was the cap: KV cache, max_num_seqs) is
     taken at b: where g(b) <= 0 still the row is done after one evaluation (in a 1,000-model fleet, two rows
-    in five), else it is searched from its idle end, as without a guess. In a control loop most rows are bracketed by their two points: two evaluations a
-    row, in two calls. Narrows a and b in place to the points that bracket the crossing; returns (g(a), g(b))."""
+    in five), else it is searched from its idle end, as without a guess. In a control loop most rows are
+    bracketed by their two points: two evaluations a row, in two calls. Narrows a and b in place to the
+    points that bracket the crossing; returns (g(a), g(b))."""
     n = len(a)
     with np.errstate(divide="ignore", invalid="ignore"):
         mid = np.log(guess)
@@ -296,8 +297,8 @@ def _bracket_guess(rows: Rows, g: _Search, guess: F64, a: F64, b: F64) -> tuple[
     capped, dropped = top & (gm <= 0), top & (gm > 0)  # within the SLO at the cap: the answer is the cap
     r = near[capped]
     a[r], ga[r], gb[r] = b[r], gm[capped], gm[capped]
-    # Past it now: searched from the idle end as a row without a guess is (the same answer as before guesses
-    # at the cap were taken there; a rare row, where the load on a capped replica grew).
+    # The cap no longer holds: searched from the idle end, as a row without a guess is, so its answer is the
+    # one the search gave before guesses at the cap were taken there (a rare row: a capped replica's load grew).
     dropped_at = near[dropped]
     gb[dropped_at] = gm[dropped]
     near, m, gm = near[~top], m[~top], gm[~top]
