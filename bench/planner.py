@@ -161,10 +161,9 @@ def main() -> None:
                         "with this checkout's, each in a process of its own, alternating (`--against "
                         f"{args.against}`; `bench/step_timing.py`):\n\n```\n" + against + "\n```\n")
             if against:
-                f.write("\nWall time on a shared 2-core host moves by a third from one run to the next (here the same "
-                        "checkout's fixed later steps took 193 to 346 ms within one hour): the alternating rounds, "
-                        "their fastest, and the instruction counts below compare code; a single figure above "
-                        "describes the host at that moment as much as the step.\n")
+                f.write("\nWall time on a shared 2-core host can move by a third from one run to the next: the "
+                        "alternating rounds, their fastest, and the instruction counts below compare code; a single "
+                        "figure above describes the host at that moment as much as the step.\n")
             if counted:
                 f.write("\nInstructions per later step of the same two, counted by valgrind's callgrind over 2 steps "
                         "(`bench.planner.instructions_table`): exact and repeatable where the wall time of a shared "

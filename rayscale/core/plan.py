@@ -445,10 +445,10 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
         slots[fname] = shape.slots
         cap = caps[fname].rps if fname in caps else 0.0
         unit = len(b.gangs)
-        seen_spot = not b.spot_rates.get(fname, 0.0) <= 0  # as _counted reads it
+        interrupted = _interrupted(b, fname)
         for ct, ctv, price in prices:
-            # _counted's common case (on demand, or spot with no interruption seen) without the call.
-            worth, risk = _counted(b, name, fname, ctv, cap, need_rps) if seen_spot else (1.0, 0.0)
+            # _counted's common case (no interruption seen on the flavor) without the call.
+            worth, risk = _counted(b, name, fname, ctv, cap, need_rps) if interrupted else (1.0, 0.0)
             if 0 < worth < 0.995:
                 b.why[name] = (f"{b.why.get(name, '')}; spot {fname} counted at {worth:.0%} "
                                f"({b.spot_rates[fname]:.2f} interruptions per node-hour)")
@@ -521,10 +521,15 @@ def _counted(b: _Build, model: str, flavor: str, capacity_type: str, replica_rps
     scale-down), where replacing it outright would take its capacity away for a start-up (simulated: the
     dev diurnal day at one notice per node-hour lost a kept spot L40S of three at its peak, 9 min to
     replace, 1,100 queued)."""
-    if capacity_type != CapacityType.SPOT or b.spot_rates.get(flavor, 0.0) <= 0:
+    if capacity_type != CapacityType.SPOT or not _interrupted(b, flavor):
         return 1.0, 0.0  # the common case, a thousand models a step: no interruption seen
     risk = _spot_outage_risk(b, model, flavor, capacity_type, replica_rps, need_rps)
     return (0.0 if risk > b.settings.spot_outage_budget else _worth(b, model, flavor, capacity_type)), risk
+
+
+def _interrupted(b: _Build, flavor: str) -> bool:
+    """Spot interruptions of the flavor have been seen (its learned rate is above 0)."""
+    return not b.spot_rates.get(flavor, 0.0) <= 0
 
 
 def _worth(b: _Build, model: str, flavor: str, capacity_type: str) -> float:
