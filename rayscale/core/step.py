@@ -194,8 +194,8 @@ def _with_smooth_utilization(demands: Mapping[str, Demand], record: Mapping[str,
             continue
         if _grows_by(signals.get(name), cfg, horizon_s) >= k or _rising(d, signals.get(name), cfg) is not None:
             continue
-        out[name] = replace(d, capacity={f: replace(c, rps=c.rps * k) for f, c in d.capacity.items()},
-                            fallback={f: replace(c, rps=c.rps * k) for f, c in d.fallback.items()},
+        out[name] = replace(d, capacity={f: c._replace(rps=c.rps * k) for f, c in d.capacity.items()},
+                            fallback={f: c._replace(rps=c.rps * k) for f, c in d.fallback.items()},
                             reason=f"{d.reason}; replicas at {smooth:.0%} utilisation (bursts last, SLO met)")
     return out
 

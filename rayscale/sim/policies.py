@@ -347,11 +347,11 @@ class OraclePolicy(Policy):
             if m is None:
                 caps[f] = cap
             elif m.rps > 0:
-                caps[f] = replace(cap, rps=m.rps * self.est.target_utilization, reason="")
+                caps[f] = cap._replace(rps=m.rps * self.est.target_utilization, reason="")
             else:
                 why = (f"measured: costlier per request than the cheapest flavor (< {m.below_rps:.3g} req/s)"
                        if m.dominated else "measured: misses the SLO even nearly idle")
-                caps[f] = replace(cap, rps=0.0, reason=why)
+                caps[f] = cap._replace(rps=0.0, reason=why)
         d = replace(d, capacity=caps)
         assert self.actor is not None
         p, self.memory = plan(sim.catalog, {sim.model: d}, self.actor.current(), None, now, self.memory,
