@@ -121,6 +121,11 @@ def variants() -> dict[str, Settings]:
         "scale-up tolerance 0.03": replace(s, planner=replace(pl, scale_up_tolerance=0.03)),
         "scale-up tolerance 0.05": replace(s, planner=replace(pl, scale_up_tolerance=0.05)),
         "scale-up tolerance 0.1": replace(s, planner=replace(pl, scale_up_tolerance=0.1)),
+        # A scale-down that starts replicas elsewhere (a finer or cheaper flavor) must save this much over
+        # dropping running ones alone (shipped 0.15, bench/results/scale_down_moves.md): the dev chat hour
+        # kept 3 L40S where 2 L40S and inf2 would have saved 6%.
+        "scale-down moves for a 5% saving": replace(s, planner=replace(pl, scale_down_move_saving=0.05)),
+        "scale-down moves for any saving": replace(s, planner=replace(pl, scale_down_move_saving=0.0)),
         "mix over >= 2000 requests (up to 30 min)": replace(s, mix_min_requests=2000, mix_max_s=1800.0),
         "mix over >= 3000 requests (up to 30 min)": replace(s, mix_min_requests=3000, mix_max_s=1800.0),
     }
