@@ -343,8 +343,8 @@ def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mix
     for i, c in enumerate(infeasible):
         ok = bool(batch[i] > 0)
         out.append(c._replace(rps=float(rate[i]) * target_utilization if ok else 0.0,
-                           batch=float(batch[i]) if ok else 0.0, tpot_s=float(tpot_mean[i]) if ok else 0.0,
-                           best_effort=ok, miss=float(miss[i]) if ok else 0.0))
+                              batch=float(batch[i]) if ok else 0.0, tpot_s=float(tpot_mean[i]) if ok else 0.0,
+                              best_effort=ok, miss=float(miss[i]) if ok else 0.0))
     return out
 
 
