@@ -36,6 +36,10 @@ from ``shapes`` after it showed SLO feedback cancelling the forecast's lead on a
 ``shapes`` (not in ``both``; ``--split shapes --out bench/results/eval_shapes.md``) are plain generated loads a
 user would try first (constant rates from 0.2 to 30 req/s, needle bursts, long answers): made and first run
 after the shipped settings were chosen, never tuned on; the tune's dev split does not include them.
+``models`` (not in ``both``; ``--split models --out bench/results/eval_models.md``) serve the catalog's other
+models, one at a time: the 72B (a multi-GPU replica, minutes-long start-ups, few replicas) on a rising day and
+a morning, qwen2-7b on 2-min bursts and on a level load one L40S just carries. Made and first run after the
+shipped settings were chosen, never tuned on.
 """
 
 from __future__ import annotations
@@ -81,14 +85,26 @@ CASES: list[tuple[str, str, str, float, float]] = [
     ("shapes", "trickle 0.2 req/s 2 h", "gen:poisson:rate=0.2,hours=2", 1.0, 1.0),
     ("shapes", "needle bursts 2 h", "gen:bursty:base=3,burst=30,every_s=600,burst_s=20,hours=2", 1.0, 1.0),
     ("shapes", "long answers 2 h", "gen:poisson:rate=4,hours=2,prompt=500,output=1000", 1.0, 1.0),
+    ("models", "72B day 2 h", "gen:diurnal:base=0.3,peak=2,hours=2,period_h=2,prompt=1500,output=300", 1.0, 1.0),
+    ("models", "72B morning 1 h", "gen:diurnal:base=0.2,peak=1,hours=1,period_h=2,prompt=1000,output=300", 1.0, 1.0),
+    ("models", "qwen2-7b 2-min bursts 2 h",
+     "gen:bursty:base=3,burst=10,every_s=900,burst_s=120,hours=2,prompt=1200,output=200", 1.0, 1.0),
+    ("models", "qwen2-7b steady 2 req/s 1 h", "gen:poisson:rate=2,hours=1,prompt=2000,output=150", 1.0, 1.0),
 ]
+# The catalog model a case serves, where it is not MODEL.
+CASE_MODELS = {"72B day 2 h": "qwen2-72b", "72B morning 1 h": "qwen2-72b", "qwen2-7b 2-min bursts 2 h": "qwen2-7b",
+               "qwen2-7b steady 2 req/s 1 h": "qwen2-7b"}
+
+
+def model_of(case: int) -> str:
+    return CASE_MODELS.get(CASES[case][1], MODEL)
 
 
 def case_run(case: int, seed: int, steady: bool) -> tuple[Catalog, Trace, float]:
     """The catalog, the ``seed``-th draw of a case's traffic and its unscored warm-up (steady state: after
     another draw of the same traffic; from cold: none)."""
     _, _, spec, ts, rs = CASES[case]
-    cat = on_demand_only(load_catalog().subset([MODEL]))
+    cat = on_demand_only(load_catalog().subset([model_of(case)]))
     if steady:
         trace, warm = with_warmup_draw(spec, seed, ts, rs)
         return cat, trace, warm
@@ -97,12 +113,13 @@ def case_run(case: int, seed: int, steady: bool) -> tuple[Catalog, Trace, float]
 
 def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
     _, label, spec, ts, rs = CASES[case]
+    model = model_of(case)
     cat, trace, warm = case_run(case, seed, steady)
-    cfg = SimConfig(model=MODEL, seed=seed, warmup_s=warm, same_start=not steady)
+    cfg = SimConfig(model=model, seed=seed, warmup_s=warm, same_start=not steady)
     # What an operator could declare before this traffic: the request shape of another day (another draw).
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
     runs: list[tuple[str, Catalog, str | RayscalePolicy]] = [(name, cat, name) for name in POLICIES]
-    runs.append((DECLARED, cat.with_request_mix(MODEL, prior), "rayscale"))
+    runs.append((DECLARED, cat.with_request_mix(model, prior), "rayscale"))
     if steady:  # reading back its checkpoint, and with it lost; the cluster unchanged
         runs.append((RESTARTED, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S)))
         runs.append((BLIND, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S, checkpoint_every_s=None)))
@@ -178,11 +195,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--split", choices=["both", "dev", "held-out", "shapes"], default="both")
+    ap.add_argument("--split", choices=["both", "dev", "held-out", "shapes", "models"], default="both")
     ap.add_argument("--out", default="bench/results/eval_split.md")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
-    cases = [i for i, c in enumerate(CASES) if c[0] == args.split or (args.split == "both" and c[0] != "shapes")]
+    cases = [i for i, c in enumerate(CASES) if c[0] == args.split or (args.split == "both" and c[0] in ("dev", "held-out"))]
     jobs = [(c, s, st) for c in cases for s in seeds for st in (False, True)]
     print(f"{len(jobs)} runs of {len(POLICIES)} policies on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
@@ -193,7 +210,7 @@ def main() -> int:
     plot(rows, out.with_suffix(".png"))
     text = (f"# Evaluation: the shipped product on dev and held-out traffic\n\n{machine()}; "
             f"`python -m bench.eval_split --seeds {args.seeds} --split {args.split}` ({wall:.0f} s on {args.jobs} "
-            f"processes); model {MODEL}, shipped catalog, on-demand only, fluid engine.\n\n"
+            f"processes); model {', '.join(sorted({model_of(c) for c in cases}))}, shipped catalog, on-demand only, fluid engine.\n\n"
             + __doc__.split("\n\n", 2)[2] + "\n## Steady state (warmed up on another draw)\n\n```\n"
             + table(rows, True) + "\n```\n\n## From cold (every policy starts from the same fleet: what the "
             "shipped step orders for the first 30 s)\n\nA bound that cannot reach the goal from there reports its best-attaining configuration "

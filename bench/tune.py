@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, span
-from bench.eval_split import CASES, MODEL, RESTART_BEFORE_S, case_run
+from bench.eval_split import CASES, MODEL, RESTART_BEFORE_S, case_run, model_of
 from rayscale.core.settings import Settings
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
@@ -139,7 +139,7 @@ def one(variant: str, case: int, seed: int, start: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     settings = variants()[variant]
     policy = RayscalePolicy(settings, restart_at_s=warm - RESTART_BEFORE_S if start == "restart" else None)
-    r = simulate(cat, trace, policy, SimConfig(model=MODEL, seed=seed, warmup_s=warm, settings=settings))
+    r = simulate(cat, trace, policy, SimConfig(model=model_of(case), seed=seed, warmup_s=warm, settings=settings))
     print(f"  {variant} / {CASES[case][1]} seed={seed} {start}: "
           f"{100 * r.slo_attainment:.2f}% ${r.cost_usd:.2f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return {"variant": variant, "case": case, "seed": seed, "start": start, "slo": r.slo_attainment,

@@ -80,6 +80,10 @@ def register(sub: Any) -> None:
     p.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
                    help="engine model: fluid (per-tick fluid model, the default, fast) or iteration (vLLM's scheduler "
                         "one engine iteration at a time: what bench/fidelity.py checks against real vLLM)")
+    p.add_argument("--routing", choices=["flavor-weights", "least-loaded"], default=None,
+                   help="flavor-weights (as rayscale's ingress: a flavor drawn by its routing weight, then that "
+                        "flavor's least-loaded replica; the default) or least-loaded (one queue, each request to "
+                        "the least-loaded replica of any flavor; the iteration engine's only routing)")
     p.add_argument("--json", action="store_true", help="print one JSON object per policy")
     p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")
     p.add_argument("--no-progress", action="store_true")
@@ -130,7 +134,7 @@ def run_single(args: argparse.Namespace) -> int:
         if args.on_demand_only:
             cat = on_demand_only(cat)
         stock = StockConfig(target_ongoing_requests=args.stock_target)
-        engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
+        engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine, routing=args.routing)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
         cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup,

@@ -102,7 +102,7 @@ def run_multi(args: argparse.Namespace) -> int:
             cat = on_demand_only(cat)
         for name in names:
             check_models(cat, traces, name)
-        engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine)
+        engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine, routing=args.routing)
         if args.tick is not None:
             engine = replace(engine, tick_s=args.tick)
         warm = 0.0 if args.warmup == "draw" else _warmup(args.warmup, None, 1)

@@ -41,9 +41,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rayscale.core.catalog import CapacityType, Catalog
-from rayscale.core.estimate import EstimateSettings, estimate
-from rayscale.core.forecast import FORECASTERS
-from rayscale.core.signals import Freshness, ModelSignals
 from rayscale.sim.capacity import MeasuredCapacity, Probe, cheapest_capacity
 from rayscale.sim.fleet_act import Fleet, FleetActor, fleet_usd_per_h, gangs_usd_per_h, share_usd_per_h
 from rayscale.sim.policies import OraclePolicy, Policy, limit_replicas
@@ -98,10 +95,7 @@ class Trial:
 def guessed_capacity(sim: Simulation) -> dict[str, float]:
     """The estimator's req/s per replica at the SLO for the trace's mix (0: infeasible): only an order and a
     starting point for the searches, which go by replay."""
-    mix = sim.trace_mix()
-    d = estimate(sim.catalog, {sim.model: ModelSignals(sim.model, Freshness.FRESH, 0.0, 1.0, mix)}, None,
-                 FORECASTERS["last"], EstimateSettings(target_utilization=1.0, burst_floor=False))[sim.model]
-    return {f: (c.rps if c.feasible else 0.0) for f, c in d.capacity.items() if f in sim.flavors}
+    return sim.guessed_capacity()
 
 
 class FleetPolicy(Policy):

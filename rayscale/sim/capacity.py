@@ -32,7 +32,7 @@ mix, where TTFT binds); 2,048 is about the largest pool any policy runs on the r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -106,7 +106,8 @@ def pool_attainment(profile: Profile, slo: SLO, prompt: npt.NDArray[np.int64], o
     k = replicas
     arr = np.cumsum(gaps) / (k * rate_per_replica)
     n = len(arr)
-    eng = make_engine(arr, prompt, output, engine, max_kv_tokens=profile.kv_tokens)
+    # One flavor's pool: every routing hands it the same requests, the central queue fastest.
+    eng = make_engine(arr, prompt, output, replace(engine, routing="least-loaded"), max_kv_tokens=profile.kv_tokens)
     for _ in range(k):
         eng.add_replica(profile, 0)
     dt = engine.tick_s

@@ -31,11 +31,12 @@ from rayscale.core import feedback
 from rayscale.core.act import CreateGang, Gang
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
+from rayscale.core.estimate import Demand
 from rayscale.core.settings import Settings
 from rayscale.core.signals import ModelSignals
 from rayscale.core.step import ServeView, StepContext, StepState, step
 from rayscale.sim.fleet_act import FleetActor, start_warm
-from rayscale.sim.policies import Policy, StockConfig, make_policy
+from rayscale.sim.policies import Policy, StockConfig, ingress_weights, make_policy
 from rayscale.sim.provider import SimProvider, SimulatedServe
 from rayscale.sim.simulator import SimConfig, SimResult, Simulation
 from rayscale.sim.trace import Trace
@@ -181,6 +182,7 @@ class FleetController:
         self.provider: FleetProvider | None = None
         self.shortfall_periods: Counter[str] = Counter()
         self.created: list[CreateGang] = []  # every gang ordered, for the record
+        self.demands: Mapping[str, Demand] | None = None  # the last step's, for the ingress weights
         self._last = -1.0
 
     def attach(self, sims: Mapping[str, Simulation]) -> None:
@@ -221,7 +223,7 @@ class FleetController:
         ctx = StepContext(now, self.catalog, signals, tuple(self.provider.gangs(now)), self.provider.serve_view(),
                           self.settings, self.state, self.provider.can_drain)
         result = step(ctx)
-        self.state = result.state
+        self.state, self.demands = result.state, result.demands
         self.created.extend(a for a in result.actions if isinstance(a, CreateGang))
         return result
 
@@ -233,9 +235,15 @@ class _Member(Policy):
 
     def __init__(self, controller: FleetController, model: str) -> None:
         self.controller, self.model = controller, model
+        self._weights: dict[str, float] | None = None
 
     def warm_start(self, sim: Simulation) -> None:
         self.controller.warm_start()
+
+    def flavor_weights(self, sim: Simulation) -> dict[str, float] | None:
+        if self.controller.demands is not None:
+            self._weights = ingress_weights(sim, self.controller.demands, self._weights)
+        return self._weights
 
     def control(self, now: float, sim: Simulation) -> None:
         self.controller.control(now)

@@ -25,6 +25,7 @@ of rules. ``stock`` models another stack, so it keeps its own path (StockPolicy 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -44,6 +45,7 @@ from rayscale.core.estimate import (
 from rayscale.core.forecast import FORECASTERS, Forecaster
 from rayscale.core.gangs import gang_shape
 from rayscale.core.plan import PlannerMemory, PlannerSettings, plan
+from rayscale.core.route import flavor_weights
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.core.spot import rates
@@ -117,8 +119,23 @@ class Policy:
     def control(self, now: float, sim: Simulation) -> None:
         raise NotImplementedError
 
+    def flavor_weights(self, sim: Simulation) -> dict[str, float] | None:
+        """The weights this policy's ingress routes by, per flavor (None: the simulation's default,
+        Simulation._route)."""
+        return None
+
     def extra(self) -> dict[str, Any]:
         return {}
+
+
+def ingress_weights(sim: Simulation, demands: Mapping[str, Demand],
+                    previous: dict[str, float] | None) -> dict[str, float] | None:
+    """The weights the controller pushes to the ingress for ``sim``'s model: Serve targets times the
+    estimator's per-replica capacity (rayscale.core.route.flavor_weights), pushed only while their sum is
+    positive (rayscale.controller.loop), else the ingress keeps ``previous``."""
+    target = {(sim.model, f): n for f, n in sim.cluster.serve_target.items()}
+    w = flavor_weights(target, dict(demands)).get(sim.model, {})
+    return w if sum(w.values()) > 0 else previous
 
 
 class _Planned(NamedTuple):
@@ -158,6 +175,7 @@ class RayscalePolicy(Policy):
         self._checkpoint: str | None = None
         self._next_save_s = 0.0
         self.last: StepResult | None = None  # the last step's result (its plan and why), for benches that look in
+        self._weights: dict[str, float] | None = None
 
     def _step(self, now: float, sim: Simulation, signals: ModelSignals, warm: bool = False) -> None:
         provider = self.provider
@@ -174,6 +192,14 @@ class RayscalePolicy(Policy):
         if any(isinstance(a, CreateGang) for a in result.actions):
             sim.cluster.scale_up_events += 1
         apply_actions(result.actions, provider, provider.set_replicas, now)
+
+    def flavor_weights(self, sim: Simulation) -> dict[str, float] | None:
+        """The controller's routing weights (rayscale.controller.loop pushes them to the ingress when their
+        sum is positive; the ingress keeps the last): Serve targets times the estimator's per-replica
+        capacity (rayscale.core.route.flavor_weights)."""
+        if self.last is not None:
+            self._weights = ingress_weights(sim, self.last.demands, self._weights)
+        return self._weights
 
     def warm_start(self, sim: Simulation) -> None:
         self.provider = SimProvider(sim.cluster, sim.model)

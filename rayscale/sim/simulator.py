@@ -19,6 +19,8 @@ import numpy as np
 
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
+from rayscale.core.estimate import EstimateSettings, estimate
+from rayscale.core.forecast import FORECASTERS
 from rayscale.core.settings import Settings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings
@@ -139,7 +141,7 @@ class Simulation:
             raise ValueError(f"trace {trace.name!r}: every request is longer than {cfg.model}'s max_model_len {limit}")
         hashes = trace.hash_ids[served] if trace.hash_ids is not None else None  # prefix caches (sim.prefix)
         self.engine = make_engine(self.arr, self.prompt, self.output, cfg.engine, max_kv_tokens=max_kv,
-                                  hash_ids=hashes, block_tokens=trace.hash_block_tokens)
+                                  hash_ids=hashes, block_tokens=trace.hash_block_tokens, seed=cfg.seed)
         self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
                                slot_cap=policy.slot_cap)
         self.flavors = flavors
@@ -148,6 +150,7 @@ class Simulation:
         self._ongoing_sum = 0.0
         self._last_mix: RequestMix | None = None
         self._counts: tuple[float, tuple[float, ...]] = (-1.0, ())  # (window end, arrival counts)
+        self._guess: dict[str, float] | None = None
         self._samples: list[tuple[float, float, dict[str, int], int]] = []
 
     # --- what the policies may look at --------------------------------------------------------
@@ -274,6 +277,29 @@ class Simulation:
             finished=float(len(done)), slo_met=self._met_share(done),
         )
 
+    def _route(self) -> None:
+        """With EngineConfig.routing "flavor-weights", the engine routes by the weights the policy's ingress
+        would hold: the policy's own (Policy.flavor_weights; rayscale's are the controller's), else each
+        flavor's Serve target (its live replicas where it has none) times the estimator's per-replica capacity
+        for the trace's mix, the formula of rayscale.core.route.flavor_weights."""
+        if self.cfg.engine.routing != "flavor-weights":
+            return
+        w = self.policy.flavor_weights(self)
+        if w is None:
+            live, target = self.cluster.live_by_flavor(), self.cluster.serve_target
+            cap = self.guessed_capacity()
+            w = {f: target.get(f, live.get(f, 0)) * cap.get(f, 0.0) for f in self.flavors}
+        self.engine.set_flavor_weights([w.get(f, 0.0) for f in self.flavors])
+
+    def guessed_capacity(self) -> dict[str, float]:
+        """The estimator's req/s per replica at the SLO for the trace's mix (0: infeasible), once."""
+        if self._guess is None:
+            sig = ModelSignals(self.model, Freshness.FRESH, 0.0, 1.0, self.trace_mix())
+            d = estimate(self.catalog, {self.model: sig}, None, FORECASTERS["last"],
+                         EstimateSettings(target_utilization=1.0, burst_floor=False))[self.model]
+            self._guess = {f: (c.rps if c.feasible else 0.0) for f, c in d.capacity.items() if f in self.flavors}
+        return self._guess
+
     def _met_share(self, done: np.ndarray) -> float | None:
         """Share of these finished (or failed) requests within both SLO targets, read as the controller reads
         it from two histograms that do not pair a request's TTFT with its TPOT (rayscale.signals.window.
@@ -317,6 +343,7 @@ class Simulation:
         self._t0 = time.perf_counter()
         self.policy.warm_start(self)
         self.cluster.advance(0.0)
+        self._route()
         self._next_control = self.cfg.control_period_s
         self._next_sample = 0.0
         self.now = 0.0
@@ -333,6 +360,7 @@ class Simulation:
                 self.policy.mark_warmup(T)
         if self._next_control <= T + 1e-9:
             self.policy.control(T, self)
+            self._route()
             self._next_control += cfg.control_period_s
         if self._next_sample <= T + 1e-9:
             self._samples.append((T, cl.usd_per_h(), cl.live_by_flavor(), eng.waiting + eng.in_flight))

@@ -142,16 +142,18 @@ def _reference_admission(arr, kv, never, run, kv_used, slots, kvcap, live, T1):
     return out, failed, i
 
 
+@pytest.mark.parametrize("routing", ["least-loaded", "flavor-weights"])
 @pytest.mark.parametrize("seed", range(40))
-def test_admission_matches_reference(seed):
-    """The compiled scan in Engine._admit (engine._route) hands out requests exactly like the plain FIFO rule."""
+def test_admission_matches_reference(seed, routing):
+    """The compiled scans in Engine._admit (engine._route, and engine._route_weighted over one flavor) hand
+    out requests exactly like the plain FIFO rule."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 200))
     arr = np.sort(rng.uniform(0, 1, n))
     prompt = rng.integers(1, 3000, n)
     output = rng.integers(1, 500, n)
     never = int(rng.choice([3000, 10**6]))
-    e = Engine(arr, prompt, output, max_kv_tokens=never)
+    e = Engine(arr, prompt, output, EngineConfig(routing=routing), max_kv_tokens=never)
     nrep = int(rng.integers(1, 8))
     for _ in range(nrep):
         prof = PROF.model_copy(update={"kv_tokens": int(rng.integers(2000, 40000)),
@@ -224,3 +226,76 @@ def test_a_short_answer_arriving_with_a_long_prompt_is_not_stalled_for_all_of_it
     e = run([0.0, 0.0], [100, 8000], [3, 2], profile=prof)
     assert e.ttft[0] == pytest.approx(prof.ttft_s(100), rel=1e-4)
     assert e.tpot[0] <= prof.itl_s(1) + 512 / prof.prefill_tokens_per_s + 1e-6
+
+
+WEIGHTED = EngineConfig(routing="flavor-weights")
+SLOW = CAT.profile("mistral-7b", "inf2")
+
+
+def _weighted(arr, weights, flavors=(0, 1), slot_cap=None, until=60.0, prompt=100, output=20, seed=0):
+    """An engine routing by flavor weights over one replica per flavor index in ``flavors``."""
+    n = len(arr)
+    e = Engine(np.asarray(arr, float), np.full(n, prompt), np.full(n, output), WEIGHTED, seed=seed)
+    for f in flavors:
+        e.add_replica(PROF if f == 0 else SLOW, f, slot_cap)
+    e.set_flavor_weights(weights)
+    t = 0.0
+    while t < until and (e.in_flight or e.waiting or e.arrived < n):
+        e.step(t, WEIGHTED.tick_s)
+        t += WEIGHTED.tick_s
+    return e
+
+
+def test_weighted_routing_splits_by_weight_not_by_load():
+    # Least-loaded routing would give the slower replica about as many running requests as the fast one;
+    # the ingress draws a flavor by weight whatever the replicas run.
+    arr = np.arange(2000) * 0.05
+    e = _weighted(arr, [3.0, 1.0], until=300.0)
+    share = np.mean(e.flavor_of[e.status == DONE] == 1)
+    assert (e.status == DONE).all()
+    assert 0.22 < share < 0.28
+    assert (_weighted(arr, [1.0, 0.0], until=300.0).flavor_of == 0).all()
+
+
+def test_weighted_routing_draws_only_among_flavors_with_a_live_replica():
+    # Flavor 1's weight is high, but it has no replica yet: as the ingress's readiness gate, nothing waits for it.
+    e = _weighted(np.arange(50) * 0.1, [1.0, 9.0], flavors=(0,))
+    assert (e.status == DONE).all() and (e.flavor_of == 0).all()
+    # No flavor weighs anything: uniform over the live ones.
+    e = _weighted(np.arange(2000) * 0.05, [0.0, 0.0], until=300.0)
+    assert 0.4 < np.mean(e.flavor_of == 1) < 0.6
+
+
+def test_a_full_flavor_queues_its_own_requests_only():
+    # Flavor 1's replica takes one request at a time; the requests that drew it wait for it, and must not
+    # hold back those that drew flavor 0 (Serve queues behind each deployment, not one queue for all).
+    e = Engine(np.zeros(40), np.full(40, 100), np.full(40, 200), WEIGHTED)
+    e.add_replica(PROF, 0)
+    e.add_replica(SLOW, 1, 1)
+    e.set_flavor_weights([1.0, 1.0])
+    for k in range(8):
+        e.step(k * 0.25, 0.25)
+    drew = np.asarray(e._req_flavor)
+    assert 10 < (drew == 1).sum() < 30
+    assert e.running(0) == (drew == 0).sum() and e.running(1) == 1
+    assert e.waiting == (drew == 1).sum() - 1
+
+
+def test_weighted_routing_is_the_central_queue_for_one_flavor():
+    arr = np.sort(np.random.default_rng(3).uniform(0, 30, 300))
+    a = _weighted(arr, [1.0], flavors=(0,), until=120.0)
+    b = run(arr, [100] * 300, [20] * 300, until=120.0)
+    assert np.array_equal(a.ttft, b.ttft) and np.array_equal(a.tpot, b.tpot)
+
+
+def test_weighted_routing_needs_a_weight_per_flavor():
+    e = Engine(np.zeros(2), np.full(2, 100), np.full(2, 10), WEIGHTED)
+    e.add_replica(PROF, 0)
+    e.add_replica(SLOW, 1)
+    e.set_flavor_weights([1.0])
+    with pytest.raises(ValueError, match="1 weights for flavor index 1"):
+        e.step(0.0, 0.25)
+    with pytest.raises(ValueError, match="non-negative"):
+        e.set_flavor_weights([1.0, -1.0])
+    with pytest.raises(ValueError, match=r"engine\.routing"):
+        EngineConfig(routing="round-robin")

@@ -284,8 +284,11 @@ def test_the_burst_floor_holds_capacity_for_bursts_within_the_minute(capsys, tmp
         assert cli_main([*argv, flag]) == 0
         runs[flag] = json.loads(capsys.readouterr().out)
     on, off = runs["--burst-floor"], runs["--no-burst-floor"]
-    assert on["slo_attainment"] > off["slo_attainment"] + 0.03
+    # 99.26% at $2.99 with it, 98.19% at $4.40 without: the SLO met only with the floor, and for less (without
+    # it the fleet chases each burst with replicas that start after it).
+    assert on["slo_attainment"] >= 0.99 > off["slo_attainment"]
     assert on["ttft_p95_s"] < off["ttft_p95_s"]
+    assert on["cost_usd"] < off["cost_usd"]
 
 
 def test_a_restarted_controller_keeps_the_fleet_serving_and_reads_its_checkpoint_back():
@@ -337,3 +340,42 @@ def test_the_simulator_reads_the_arrival_rate_as_the_controller_does(fast_window
     # the step 10 s in: the fast window reads the new rate, the whole window a third of the way there
     expected = 3.0 if fast_window_s else (3.0 * 10 + 0.5 * 20) / 30
     assert sim.signals(70.0).arrival_rate_rps == pytest.approx(expected, rel=0.05)
+
+
+def _inf2_share(routing: str) -> tuple[float, float]:
+    """(share of requests an inf2 served beside an L40S, that share by the ingress's weights) for 2,000-token
+    prompts at 2 req/s on a fixed fleet of one each."""
+    from rayscale.sim.baselines import FleetPolicy, on_demand_only
+    from rayscale.sim.engine import DONE, EngineConfig
+
+    cat = on_demand_only(CAT.subset(["qwen2-7b"]))
+    tr = load_spec("gen:poisson:rate=2,hours=0.25,prompt=2000,output=150", seed=0)
+    fleet = {("l40s", "on-demand"): 1, ("inf2", "on-demand"): 1}
+    sim = Simulation(cat, tr, FleetPolicy(fleet), SimConfig(model="qwen2-7b", engine=EngineConfig(routing=routing)))
+    sim.run()
+    done = sim.engine.status == DONE
+    cap = sim.guessed_capacity()
+    served = float(np.mean(sim.engine.flavor_of[done] == sim.flavors.index("inf2")))
+    return served, cap["inf2"] / (cap["inf2"] + cap["l40s"])
+
+
+def test_a_mixed_fleet_is_routed_by_the_ingress_weights():
+    # rayscale's ingress draws a flavor by its weight (Serve target x per-replica capacity), so the inf2
+    # serves its capacity's share; one queue to the least-loaded replica of any flavor hands it far more.
+    served, weighted = _inf2_share("flavor-weights")
+    assert abs(served - weighted) < 0.04
+    least_loaded, _ = _inf2_share("least-loaded")
+    assert least_loaded > weighted + 0.1
+
+
+def test_the_product_routes_by_its_own_weights_in_simulation():
+    from rayscale.core.route import flavor_weights
+
+    policy = RayscalePolicy()
+    sim = Simulation(CAT, load_spec("gen:poisson:rate=3,hours=0.25", seed=2), policy, SimConfig(seed=2))
+    sim.run()
+    assert policy.last is not None and sim.engine.flavor_w is not None
+    target = {(sim.model, f): n for f, n in sim.cluster.serve_target.items()}
+    want = flavor_weights(target, dict(policy.last.demands))[sim.model]
+    assert sum(want.values()) > 0
+    assert sim.engine.flavor_w.tolist() == [want.get(f, 0.0) for f in sim.flavors]
