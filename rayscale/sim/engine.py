@@ -31,8 +31,10 @@ Why it is fast: no Python object per request. In-flight requests live in a few p
 All running requests of a replica decode at the same rate, so each replica keeps a *virtual token clock*
 V (decode iterations done so far); a request that starts decoding at V=v finishes when V reaches v+O-1,
 and its finish time is found by inverting the piecewise-linear V(t) of the tick. A tick is two compiled
-(numba) passes: ``_route`` hands queued requests FIFO to the least-loaded replica with room (central
-queue, like Ray Serve's router with max_ongoing_requests), and ``_tick`` walks the in-flight pool once per
+(numba) passes: ``_route_weighted`` hands each queued request to the flavor it drew by the ingress's
+weights, then FIFO within the flavor to its least-loaded replica with room (Ray Serve's router with
+max_ongoing_requests behind each flavor deployment; ``_route``: one central queue over every replica, with
+``EngineConfig(routing="least-loaded")``), and ``_tick`` walks the in-flight pool once per
 stage (prefill FIFOs, first tokens, finishes). The same stages as vectorised numpy calls cost a fixed
 ~0.2 ms per tick in call overhead whatever the pool's size, most of a 24-hour simulation.
 """
@@ -621,7 +623,8 @@ class Engine:
         return p + self.r_R[rep] * (seq + q * p * p)
 
     def _admit(self, T: float, T1: float) -> None:
-        """Hand queued and newly arrived requests, FIFO, to the least-loaded live replica with room (_route)."""
+        """Hand queued and newly arrived requests to replicas with room: by flavor weight, then FIFO to the
+        flavor's least-loaded replica (_route_weighted), or FIFO to the least-loaded of all (_route)."""
         end = bisect.bisect_left(self._arr_list, T1)
         self.arrived = max(self.arrived, end)
         i0 = self.q_head
