@@ -421,19 +421,30 @@ def prior_mix(catalog: Catalog, model: str) -> RequestMix:
 MAX_PREFIX_DISCOUNT = 0.9
 
 
-def prefix_scales(catalog: Catalog, signals: Mapping[str, ModelSignals]) -> dict[str, float]:
-    """Per model with an observed prefix-cache hit rate h > 0: the factor 1 / (1 - h) by which its prefill
-    is faster. Cached prompt tokens are not prefilled (vLLM's automatic prefix caching), so a prompt of P
-    tokens costs P x (1 - h) tokens of prefill: its profiles prefill at R / (1 - h) (``scaled_profile``).
+def prefix_scales(catalog: Catalog, signals: Mapping[str, ModelSignals]) -> dict[tuple[str, str], float]:
+    """Per (model, flavor) with an observed prefix-cache hit rate h > 0: the factor 1 / (1 - h) by which its
+    prefill is faster. Cached prompt tokens are not prefilled (vLLM's automatic prefix caching), so a prompt of
+    P tokens costs P x (1 - h) tokens of prefill: its profiles prefill at R / (1 - h) (``scaled_profile``).
     KV use, the per-prompt and attention terms stay whole (cached blocks still occupy and are attended to).
-    Only fresh, observed rates count: a model without one (caching off, metric missing) keeps its profiles,
-    never a guessed discount. The estimator applies the factors to its columns (rows_of), not to copies of
-    the profiles: at 1,000 models x 20 flavors copying them cost 70 ms a period, and the column cache."""
-    scale: dict[str, float] = {}
+
+    A flavor's own rate counts where its replicas report one (FlavorObservation.prefix_hit_rate): what a
+    prompt finds cached depends on the flavor's KV cache and on how many replicas split the shared prefixes,
+    so one flavor's rate says nothing of another's. Planning 6 L40S on 2 H100s' rate of a long-prompt trace
+    met 95.8% where staying met 99.4% (bench/results/eval_held_out.md, Mooncake seed 3). Where no flavor
+    reports one, the model's rate counts for the flavors serving it (all of them with no per-flavor view).
+    Only fresh, observed rates count: a flavor without one (caching off, metric missing, not serving) keeps
+    its profile, never a guessed discount. The estimator applies the factors to its columns (rows_of), not
+    to copies of the profiles: at 1,000 models x 20 flavors copying them cost 70 ms a period."""
+    scale: dict[tuple[str, str], float] = {}
     for name, sig in signals.items():
-        h = sig.prefix_hit_rate if sig is not None and sig.usable else None
-        if h is not None and h > 0 and name in catalog.models:
-            scale[name] = 1.0 / (1.0 - min(h, MAX_PREFIX_DISCOUNT))
+        if sig is None or not sig.usable or name not in catalog.models:
+            continue
+        rates = {f: o.prefix_hit_rate for f, o in sig.per_flavor.items() if o.prefix_hit_rate is not None}
+        if not rates and sig.prefix_hit_rate is not None:
+            rates = dict.fromkeys(sig.per_flavor or catalog.models[name].parallelism, sig.prefix_hit_rate)
+        for f, h in rates.items():
+            if h > 0 and f in catalog.models[name].parallelism:
+                scale[(name, f)] = 1.0 / (1.0 - min(h, MAX_PREFIX_DISCOUNT))
     return scale
 
 
@@ -466,7 +477,8 @@ def within_context(mix: RequestMix, max_model_len: int | None) -> RequestMix:
 def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]],
                  mixes: dict[str, RequestMix], observed: dict[str, RequestMix],
                  corrections: dict[tuple[str, str], Correction], settings: EstimateSettings,
-                 scales: dict[str, float]) -> tuple[dict[str, str], dict[str, dict[str, ReplicaCapacity]]]:
+                 scales: dict[tuple[str, str], float]
+                 ) -> tuple[dict[str, str], dict[str, dict[str, ReplicaCapacity]]]:
     """Best-effort capacities of the flavors that miss the SLO: in ``caps_of`` for the models no flavor of
     which meets it (with, per such model, the reason), else apart (Demand.fallback)."""
     # c.feasible, inline: this runs over every (model, flavor) pair.
@@ -476,7 +488,7 @@ def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]
         [catalog.profile(m, f) for m, f in pairs], [catalog.models[m].slo for m, _ in pairs],
         [mixes[m] for m, _ in pairs], [corrections.get(k, none) for k in pairs],
         [caps_of[m][f] for m, f in pairs], settings.target_utilization, settings.attainment,
-        [scales.get(m, 1.0) for m, _ in pairs])
+        [scales.get(k, 1.0) for k in pairs])
     todo = [m for m, caps in caps_of.items() if caps and not any(c.feasible for c in caps.values())]
     fallback: dict[str, dict[str, ReplicaCapacity]] = {}
     for (m, f), c in zip(pairs, caps, strict=True):
@@ -501,12 +513,12 @@ def _pairs(catalog: Catalog) -> tuple[list[tuple[str, str]], list[Profile], list
 
 
 def _capacities_of(catalog: Catalog, mixes: dict[str, RequestMix], corrections: dict[tuple[str, str], Correction],
-                   settings: EstimateSettings, previous: dict[str, Demand] | None, scales: dict[str, float]
-                   ) -> dict[str, dict[str, ReplicaCapacity]]:
+                   settings: EstimateSettings, previous: dict[str, Demand] | None,
+                   scales: dict[tuple[str, str], float]) -> dict[str, dict[str, ReplicaCapacity]]:
     """Per model and flavor, one replica's capacity for the model's mix, all pairs in one batch."""
     pairs, profiles, slos = derived(catalog, "pairs", _pairs)
     none = Correction()
-    # The per-pair columns built model by model (the pairs' order): a model's mix and scale are repeated,
+    # The per-pair columns built model by model (the pairs' order): a model's mix is repeated,
     # not looked up 14,000 times at 1,000 models.
     pair_mixes: list[RequestMix] = []
     pair_scales: list[float] | None = [] if scales else None
@@ -516,7 +528,7 @@ def _capacities_of(catalog: Catalog, mixes: dict[str, RequestMix], corrections: 
         k = len(spec.parallelism)
         pair_mixes += [mixes[name]] * k
         if pair_scales is not None:
-            pair_scales += [scales.get(name, 1.0)] * k
+            pair_scales += [scales.get((name, f), 1.0) for f in spec.parallelism]
         if guesses is not None:
             caps = d.capacity if (d := last.get(name)) else {}
             guesses += [c.batch if (c := caps.get(f)) else 0.0 for f in spec.parallelism]
@@ -629,7 +641,7 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
                 continue
             if obs.completed is not None and obs.completed < min_samples:
                 continue
-            prof, scale = catalog.profile(name, flavor), scales.get(name, 1.0)
+            prof, scale = catalog.profile(name, flavor), scales.get((name, flavor), 1.0)
             # Without __init__: its checks are of the quantiles, which this leaves as they were.
             mix = replaced(sig.mix, prompt_mean=obs.prompt_mean or sig.mix.prompt_mean)
             # Compare with the batch the window ran at, not the gauge's instant value: by Little's law

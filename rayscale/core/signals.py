@@ -78,6 +78,9 @@ class FlavorObservation:
     # Mean seconds from being scheduled to the first token (vLLM's request_prefill_time_seconds): TTFT
     # without the queue, so a backlog does not read as a slow flavor. None: not known.
     prefill_mean_s: float | None = None
+    # Prompt tokens these replicas found in their prefix caches over those looked up (vLLM's
+    # prefix_cache_hits / prefix_cache_queries). None: not observed.
+    prefix_hit_rate: float | None = None
 
 
 @dataclass(frozen=True)

@@ -438,6 +438,7 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
                 completed=fa.counters.get(TPOT + "_count", 0.0),
                 # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
                 prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
+                prefix_hit_rate=prefix_hit_rate(fa.counters),
             )
         view = views.get(m)
         finished = a.counters.get(TPOT + "_count")

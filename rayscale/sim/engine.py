@@ -422,7 +422,8 @@ class Engine:
         self.prefix = (PrefixCaches(hash_ids, self.P, block_tokens)
                        if hash_ids is not None and cfg.prefix_caching else None)
         self.Pf = self.P.copy() if self.prefix is not None else self.P
-        self._pc_marks: deque[tuple[float, int, int]] = deque([(0.0, 0, 0)])  # (time, queries, hits)
+        # (time, prompt tokens looked up, tokens found cached), per flavor index: as the counters read then.
+        self._pc_marks: deque[tuple[float, F64, F64]] = deque([(0.0, np.zeros(0), np.zeros(0))])
         # Per-request results.
         self.status = np.zeros(n, dtype=np.int8)
         self.ttft = np.full(n, np.nan, dtype=np.float32)
@@ -557,20 +558,28 @@ class Engine:
     def in_flight(self) -> int:
         return self.live_m
 
-    def prefix_hit_rate(self, now: float, window_s: float) -> float | None:
+    def prefix_hit_rate(self, now: float, window_s: float, flavor: int | None = None) -> float | None:
         """Prompt tokens found in the prefix caches over those looked up, over about the last ``window_s``
-        (vLLM's prefix_cache_hits / prefix_cache_queries, differenced as the controller does); None without
-        prefix caching or lookups in the window: never observed is not a hit rate of 0."""
+        (vLLM's prefix_cache_hits / prefix_cache_queries, differenced as the controller does), of all replicas
+        or of those of flavor index ``flavor``; None without prefix caching or lookups in the window: never
+        observed is not a hit rate of 0."""
         if self.prefix is None:
             return None
         marks = self._pc_marks
         if now > marks[-1][0]:
-            marks.append((now, self.prefix.total_queries, self.prefix.total_hits))
+            reps = self.r_flavor[: len(self.prefix.queries)]
+            marks.append((now, np.bincount(reps, weights=self.prefix.queries).astype(np.float64),
+                          np.bincount(reps, weights=self.prefix.hits).astype(np.float64)))
         while len(marks) > 2 and marks[1][0] <= now - window_s:
             marks.popleft()
-        _, q0, h0 = marks[0]
-        queries = self.prefix.total_queries - q0
-        return (self.prefix.total_hits - h0) / queries if queries > 0 else None
+        (_, q0, h0), (_, q1, h1) = marks[0], marks[-1]
+        if flavor is None:
+            queries, hits = float(q1.sum() - q0.sum()), float(h1.sum() - h0.sum())
+        else:
+            def at(a: F64) -> float:
+                return float(a[flavor]) if flavor < len(a) else 0.0
+            queries, hits = at(q1) - at(q0), at(h1) - at(h0)
+        return hits / queries if queries > 0 else None
 
     def kv_usage(self) -> float:
         live = self.r_state[: self.nr] != STOPPED

@@ -265,6 +265,7 @@ class Simulation:
                 # TTFT without the queue: from admission onto a replica to the first token.
                 prefill_mean_s=(float(np.mean(eng.ttft[sel] - eng.queue_s[sel], dtype=np.float64))
                                 if len(sel) else None),
+                prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s, i),
             )
         return ModelSignals(
             self.model, Freshness.FRESH, 0.0, rate, self._last_mix,

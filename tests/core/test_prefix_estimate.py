@@ -60,19 +60,44 @@ def test_no_observed_hit_rate_no_discount() -> None:
 def test_discount_is_bounded_and_only_prefill() -> None:
     other = next(m for m in CAT.models if m != MODEL)
     scales = prefix_scales(CAT, {MODEL: replace(SIG, prefix_hit_rate=0.99), other: replace(SIG, model=other)})
-    assert scales == {MODEL: pytest.approx(1 / (1 - MAX_PREFIX_DISCOUNT))}  # no hit rate, no discount
+    # Without a per-flavor view the model's rate counts for each of its flavors; no hit rate, no discount.
+    assert scales == {(MODEL, f): pytest.approx(1 / (1 - MAX_PREFIX_DISCOUNT)) for f in CAT.models[MODEL].parallelism}
     for f in CAT.models[MODEL].parallelism:
         old = CAT.profile(MODEL, f)
-        new = scaled_profile(old, scales[MODEL])
+        new = scaled_profile(old, scales[(MODEL, f)])
         assert new.prefill_tokens_per_s == pytest.approx(old.prefill_tokens_per_s / (1 - MAX_PREFIX_DISCOUNT))
         assert new.kv_tokens == old.kv_tokens and new.itl_alpha_s == old.itl_alpha_s
 
 
-def _discounted(cat: Catalog, model: str, scale: float) -> Catalog:
+def _discounted(cat: Catalog, scales: dict[tuple[str, str], float]) -> Catalog:
     profiles = dict(cat.profiles)
-    for f in cat.models[model].parallelism:
-        profiles[profile_key(model, f)] = scaled_profile(profiles[profile_key(model, f)], scale)
+    for (m, f), scale in scales.items():
+        profiles[profile_key(m, f)] = scaled_profile(profiles[profile_key(m, f)], scale)
     return cat.model_copy(update={"profiles": profiles})
+
+
+def _obs(hit_rate: float | None) -> FlavorObservation:
+    return FlavorObservation(replicas=2, running_per_replica=3.0, prompt_mean=MIX.prompt_mean, completed=50,
+                             prefill_mean_s=0.4, tpot_p95_s=0.03, prefix_hit_rate=hit_rate)
+
+
+def test_a_flavor_is_discounted_by_its_own_hit_rate_only() -> None:
+    """What a prompt finds cached depends on the flavor's KV cache and on how many replicas split the prefixes:
+    the rate seen on H100s sizes H100s, never L40S replicas that have not served."""
+    h100, l40s = "h100", "l40s"
+    sig = replace(SIG, per_flavor={h100: _obs(0.6)}, prefix_hit_rate=0.6)
+    assert prefix_scales(CAT, {MODEL: sig}) == {(MODEL, h100): pytest.approx(2.5)}
+    plain = estimate(CAT, {MODEL: replace(SIG, per_flavor={h100: _obs(None)})})[MODEL]
+    got = estimate(CAT, {MODEL: sig})[MODEL]
+    assert got.capacity[l40s] == plain.capacity[l40s]
+    assert got.capacity[h100].rps > 1.2 * plain.capacity[h100].rps
+    # Two flavors serving, each with its own rate; the model's rate (their blend) is not used.
+    both = replace(SIG, per_flavor={h100: _obs(0.6), l40s: _obs(0.2)}, prefix_hit_rate=0.5)
+    assert prefix_scales(CAT, {MODEL: both}) == {(MODEL, h100): pytest.approx(2.5),
+                                                 (MODEL, l40s): pytest.approx(1.25)}
+    # A source with the model's rate only: it counts for the flavors serving, not for the others.
+    blended = replace(SIG, per_flavor={h100: _obs(None)}, prefix_hit_rate=0.5)
+    assert prefix_scales(CAT, {MODEL: blended}) == {(MODEL, h100): pytest.approx(2.0)}
 
 
 @pytest.mark.parametrize("hit_rate", [0.1, 0.3])
@@ -80,12 +105,10 @@ def test_the_discount_is_the_scaled_profiles_exactly(hit_rate: float) -> None:
     """The estimator discounts prefill in its columns, not in copies of the profiles: every capacity (the
     infeasible flavors' reasons and the best-effort fallbacks too) and every correction are what the
     profiles with their prefill scaled give, to the last bit."""
-    f = next(iter(CAT.models[MODEL].parallelism))
-    obs = FlavorObservation(replicas=2, running_per_replica=3.0, prompt_mean=MIX.prompt_mean, completed=50,
-                            prefill_mean_s=0.4, tpot_p95_s=0.03)
-    hit = replace(SIG, per_flavor={f: obs}, prefix_hit_rate=hit_rate)
-    scaled = _discounted(CAT, MODEL, prefix_scales(CAT, {MODEL: hit})[MODEL])
-    plain = replace(hit, prefix_hit_rate=None)
+    f, g = list(CAT.models[MODEL].parallelism)[:2]
+    hit = replace(SIG, per_flavor={f: _obs(hit_rate), g: _obs(hit_rate / 2)}, prefix_hit_rate=hit_rate)
+    scaled = _discounted(CAT, prefix_scales(CAT, {MODEL: hit}))
+    plain = replace(hit, per_flavor={f: _obs(None), g: _obs(None)}, prefix_hit_rate=None)
     got, want = estimate(CAT, {MODEL: hit})[MODEL], estimate(scaled, {MODEL: plain})[MODEL]
     assert got.capacity == want.capacity and got.fallback == want.fallback
     assert any(not c.feasible for c in got.capacity.values())  # the reasons are compared too

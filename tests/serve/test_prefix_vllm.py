@@ -53,3 +53,5 @@ def test_repeated_prompt_reads_as_prefix_hits(tiny_vllm_app: str) -> None:
     # Of two equal prompts the second finds all but its last block cached: close to half of all tokens.
     assert sig.prefix_hit_rate is not None
     assert 0.2 < sig.prefix_hit_rate < 0.5
+    # The counters carry the replica's flavor: the one flavor serving has the model's rate.
+    assert [o.prefix_hit_rate for o in sig.per_flavor.values()] == [sig.prefix_hit_rate]

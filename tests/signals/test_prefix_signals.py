@@ -54,3 +54,16 @@ def test_missing_or_idle_counters_are_not_a_hit_rate() -> None:
     # An engine without the counters at all (prefix caching off): no field, no discount.
     scrapes = [Scrape(0.0, parse_prometheus(exposition({}, 10))), Scrape(30.0, parse_prometheus(exposition({}, 40)))]
     assert aggregate(scrapes, now=30.0, window_s=60.0)[MODEL].prefix_hit_rate is None
+
+
+def test_each_flavor_has_its_own_hit_rate() -> None:
+    # r1 on a10g found 6,000 of 10,000 tokens, r2 on l4 2,000 of 10,000: the model's rate blends them.
+    def on_flavors(counters: Counters, started: float) -> str:
+        return exposition(counters, started).replace('ReplicaId="r2",flavor="a10g"', 'ReplicaId="r2",flavor="l4"')
+    before = {"r1": (50_000.0, 1_000.0), "r2": (20_000.0, 0.0)}
+    after = {"r1": (60_000.0, 7_000.0), "r2": (30_000.0, 2_000.0)}
+    scrapes = [Scrape(0.0, parse_prometheus(on_flavors(before, 10))), Scrape(30.0, parse_prometheus(on_flavors(after, 40)))]
+    sig = aggregate(scrapes, now=30.0, window_s=60.0)[MODEL]
+    assert sig.prefix_hit_rate == 0.4
+    assert sig.per_flavor["a10g"].prefix_hit_rate == 0.6
+    assert sig.per_flavor["l4"].prefix_hit_rate == 0.2

@@ -125,6 +125,27 @@ def test_hit_rate_over_the_window() -> None:
     assert seen[120] is None  # nothing looked up in the window: not observed
 
 
+def test_hit_rate_per_flavor() -> None:
+    """Each flavor's replicas count their own lookups (vLLM's counters carry the replica's flavor): a rate seen
+    on one flavor is not another's."""
+    e = make_engine(np.array([0.0, 60.0, 120.0]), np.array([8 * BS] * 3), np.array([4] * 3), FLUID,
+                    hash_ids=hash_array([tuple(range(8))] * 3), block_tokens=BS)
+    e.add_replica(PROF, 0)
+    seen = {}
+    for k in range(800):
+        t = k * 0.25
+        if k == 400:  # at 100 s the flavor-0 replica is let go and one of flavor 1 takes the traffic
+            e.drain(0)
+            e.add_replica(PROF, 1)
+        if k % 40 == 0:
+            seen[int(t)] = (e.prefix_hit_rate(t, 30.0), e.prefix_hit_rate(t, 30.0, 0), e.prefix_hit_rate(t, 30.0, 1))
+        e.step(t, 0.25)
+    assert seen[70] == (pytest.approx(7 / 8), pytest.approx(7 / 8), None)  # flavor 1 has looked nothing up
+    # The third request finds nothing on the new flavor's empty cache; flavor 0 saw no lookup in the window.
+    assert seen[130] == (0.0, None, 0.0)
+    assert e.prefix_hit_rate(130.0, 30.0, 5) is None  # a flavor index with no replica
+
+
 def test_trace_keeps_hash_ids(tmp_path: Path) -> None:
     lines = [{"timestamp": 2000, "input_length": 1100, "output_length": 3, "hash_ids": [7, 8, 9]},
              {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [7, 10]},
@@ -171,5 +192,10 @@ def test_simulation_signals_carry_the_hit_rate(caching: bool) -> None:
     if caching:
         # Replicas already serving find the system prompt: up to 6 of 8 blocks, less on a new replica.
         assert sig.prefix_hit_rate is not None and 0.4 < sig.prefix_hit_rate <= 0.75
+        rates = {f: o.prefix_hit_rate for f, o in sig.per_flavor.items()}
+        assert rates and all(r is not None and 0.4 < r <= 0.75 for r in rates.values())
+        if len(rates) == 1:
+            assert next(iter(rates.values())) == pytest.approx(sig.prefix_hit_rate)
     else:
         assert sig.prefix_hit_rate is None
+        assert all(o.prefix_hit_rate is None for o in sig.per_flavor.values())
