@@ -429,8 +429,8 @@ def prefix_scales(catalog: Catalog, signals: Mapping[str, ModelSignals]) -> dict
 
     A flavor's own rate counts where its replicas report one (FlavorObservation.prefix_hit_rate): what a
     prompt finds cached depends on the flavor's KV cache and on how many replicas split the shared prefixes,
-    so one flavor's rate says nothing of another's. Planning 6 L40S on 2 H100s' rate of a long-prompt trace
-    met 95.8% where staying met 99.4% (bench/results/eval_held_out.md, Mooncake seed 3). Where no flavor
+    so one flavor's rate says nothing of another's: planned on 2 H100s' rate, 6 L40S met 95.8% of a long-prompt
+    trace that the H100s, discounted by their own, serve at 99.8% (bench/README.md, Mooncake seed 3). Where no flavor
     reports one, the model's rate counts for the flavors serving it (all of them with no per-flavor view).
     Only fresh, observed rates count: a flavor without one (caching off, metric missing, not serving) keeps
     its profile, never a guessed discount. The estimator applies the factors to its columns (rows_of), not
