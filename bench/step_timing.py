@@ -74,8 +74,7 @@ class Observed:
             mix = RequestMix(s.mix.prompt_mean * k, s.mix.output_mean, s.mix.prompt_p95 * k)
             per_flavor = {f: FlavorObservation(replicas=n, running_per_replica=4.0, completed=50.0,
                                                tpot_p95_s=0.05 * rnd.uniform(0.9, 1.1), prompt_mean=mix.prompt_mean,
-                                               prefill_mean_s=0.2 * rnd.uniform(0.9, 1.1),
-                                               prefix_hit_rate=self.hit[m] * rnd.uniform(0.8, 1.2))
+                                               prefill_mean_s=0.2 * rnd.uniform(0.9, 1.1))
                           for f, n in replicas.get(m, {}).items()}
             out[m] = replace(s, mix=mix, waiting=0.0, per_flavor=per_flavor, prefix_hit_rate=self.hit[m])
         return out
