@@ -432,8 +432,8 @@ def prefix_scales(catalog: Catalog, signals: Mapping[str, ModelSignals]) -> dict
     so one flavor's rate says nothing of another's: planned on 2 H100s' rate, 6 L40S met 95.8% of a long-prompt
     trace that the H100s, discounted by their own, serve at 99.8% (bench/README.md, Mooncake seed 3). Where no flavor
     reports one, the model's rate counts for the flavors serving it (all of them with no per-flavor view).
-    Only fresh, observed rates count: a flavor without one (caching off, metric missing, not serving) keeps
-    its profile, never a guessed discount. The estimator applies the factors to its columns (rows_of), not
+    Only fresh, observed rates count: a flavor without one (caching off, metric missing, or not serving where
+    the signals break the model down by flavor) keeps its profile, never a guessed discount. The estimator applies the factors to its columns (rows_of), not
     to copies of the profiles: at 1,000 models x 20 flavors copying them cost 70 ms a period."""
     scale: dict[tuple[str, str], float] = {}
     for name, sig in signals.items():
