@@ -377,11 +377,12 @@ class Controller:
             return [f"keeping Serve targets: {e}"]
 
     def _route(self, demands: dict[str, Any], serve: ServeSnapshot) -> list[str]:
-        """Push the core's routing weights to the ingress when they change."""
+        """Push the core's routing weights (of the replicas serving now, rayscale.core.route) to the ingress
+        when they change."""
         if self.weights_sink is None:
             return []
         errors = []
-        for m, w in sorted(flavor_weights(serve.target, demands).items()):
+        for m, w in sorted(flavor_weights(serve.serving, demands).items()):
             if not w:
                 continue
             app = serve.app_of.get((m, next(iter(w))), self.config.app_name)

@@ -130,11 +130,11 @@ class Policy:
 
 def ingress_weights(sim: Simulation, demands: Mapping[str, Demand],
                     previous: dict[str, float] | None) -> dict[str, float] | None:
-    """The weights the controller pushes to the ingress for ``sim``'s model: Serve targets times the
-    estimator's per-replica capacity (rayscale.core.route.flavor_weights), pushed only while their sum is
+    """The weights the controller pushes to the ingress for ``sim``'s model: the replicas serving now times
+    the estimator's per-replica capacity (rayscale.core.route.flavor_weights), pushed only while their sum is
     positive (rayscale.controller.loop), else the ingress keeps ``previous``."""
-    target = {(sim.model, f): n for f, n in sim.cluster.serve_target.items()}
-    w = flavor_weights(target, dict(demands)).get(sim.model, {})
+    serving = {(sim.model, f): n for f, n in sim.cluster.live_by_flavor().items()}
+    w = flavor_weights(serving, demands).get(sim.model, {})
     return w if sum(w.values()) > 0 else previous
 
 
@@ -195,7 +195,7 @@ class RayscalePolicy(Policy):
 
     def flavor_weights(self, sim: Simulation) -> dict[str, float] | None:
         """The controller's routing weights (rayscale.controller.loop pushes them to the ingress when their
-        sum is positive; the ingress keeps the last): Serve targets times the estimator's per-replica
+        sum is positive; the ingress keeps the last): replicas serving times the estimator's per-replica
         capacity (rayscale.core.route.flavor_weights)."""
         if self.last is not None:
             self._weights = ingress_weights(sim, self.last.demands, self._weights)

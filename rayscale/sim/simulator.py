@@ -281,15 +281,14 @@ class Simulation:
     def _route(self) -> None:
         """With EngineConfig.routing "flavor-weights", the engine routes by the weights the policy's ingress
         would hold: the policy's own (Policy.flavor_weights; rayscale's are the controller's), else each
-        flavor's Serve target (its live replicas where it has none) times the estimator's per-replica capacity
-        for the trace's mix, the formula of rayscale.core.route.flavor_weights."""
+        flavor's live replicas times the estimator's per-replica capacity for the trace's mix, the formula of
+        rayscale.core.route.flavor_weights."""
         if self.cfg.engine.routing != "flavor-weights":
             return
         w = self.policy.flavor_weights(self)
         if w is None:
-            live, target = self.cluster.live_by_flavor(), self.cluster.serve_target
-            cap = self.guessed_capacity()
-            w = {f: target.get(f, live.get(f, 0)) * cap.get(f, 0.0) for f in self.flavors}
+            live, cap = self.cluster.live_by_flavor(), self.guessed_capacity()
+            w = {f: live.get(f, 0) * cap.get(f, 0.0) for f in self.flavors}
         self.engine.set_flavor_weights([w.get(f, 0.0) for f in self.flavors])
 
     def guessed_capacity(self) -> dict[str, float]:

@@ -360,7 +360,7 @@ def _inf2_share(routing: str) -> tuple[float, float]:
 
 
 def test_a_mixed_fleet_is_routed_by_the_ingress_weights():
-    # rayscale's ingress draws a flavor by its weight (Serve target x per-replica capacity), so the inf2
+    # rayscale's ingress draws a flavor by its weight (replicas serving x per-replica capacity), so the inf2
     # serves its capacity's share; one queue to the least-loaded replica of any flavor hands it far more.
     served, weighted = _inf2_share("flavor-weights")
     assert abs(served - weighted) < 0.04
@@ -375,7 +375,7 @@ def test_the_product_routes_by_its_own_weights_in_simulation():
     sim = Simulation(CAT, load_spec("gen:poisson:rate=3,hours=0.25", seed=2), policy, SimConfig(seed=2))
     sim.run()
     assert policy.last is not None and sim.engine.flavor_w is not None
-    target = {(sim.model, f): n for f, n in sim.cluster.serve_target.items()}
-    want = flavor_weights(target, dict(policy.last.demands))[sim.model]
+    serving = {(sim.model, f): n for f, n in sim.cluster.live_by_flavor().items()}
+    want = flavor_weights(serving, dict(policy.last.demands))[sim.model]
     assert sum(want.values()) > 0
     assert sim.engine.flavor_w.tolist() == [want.get(f, 0.0) for f in sim.flavors]
