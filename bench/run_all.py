@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 BENCHES = [
-    ["bench.eval_split", "--seeds", "0,1,2,3,4", "--split", "both", "--out", "bench/results/eval_split.md"],
+    ["bench.eval_split", "--seeds", "0,1,2,3,4", "--split", "dev", "--out", "bench/results/eval_dev.md"],
+    ["bench.eval_split", "--seeds", "0,1,2,3,4", "--split", "held-out", "--out", "bench/results/eval_held_out.md"],
+    ["bench.eval_split", "--seeds", "0,1,2,3,4", "--split", "models", "--out", "bench/results/eval_models.md"],
     ["bench.eval_split", "--seeds", "0,1,2,3,4", "--split", "shapes", "--out", "bench/results/eval_shapes.md"],
     ["bench.multi_model", "--seeds", "0,1,2,3,4", "--jobs", "2", "--write"],
     ["bench.prefix_reuse", "--seeds", "0", "1", "2", "--write"],
