@@ -5,7 +5,7 @@ what one replica sustains within the SLO (the estimator's per-replica req/s for 
 Equal weights would overload the slower flavor of a mixed fleet while the faster one idles; weights of the
 replicas Serve was told to run would send a flavor that is scaling up the share of replicas still starting,
 and Serve's router queues it behind the one that runs (a dev chat hour: one inf2 of three up took a third of
-the requests, TTFT p95 27 s for two minutes; bench/results/eval_dev.md).
+the requests, TTFT p95 10-27 s for three minutes; bench/README.md).
 """
 
 from __future__ import annotations
