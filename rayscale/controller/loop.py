@@ -386,8 +386,8 @@ class Controller:
             if not w:
                 continue
             app = serve.app_of.get((m, next(iter(w))), self.config.app_name)
-            # The ingress routes a multi-node flavor by its gang slot deployments.
-            w = slot_weights(w, {f: serve.slots[(m, f)] for f in w if (m, f) in serve.slots})
+            # The ingress routes a multi-node flavor by its gang slot deployments, those whose replica serves.
+            w = slot_weights(w, {f: serve.slots_serving.get((m, f), {}) for f in w if (m, f) in serve.slots})
             if self._weights.get(m) != w and sum(w.values()) > 0:
                 try:
                     self.weights_sink(app, m, w)

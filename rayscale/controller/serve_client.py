@@ -47,6 +47,8 @@ class ServeSnapshot:
     # Multi-node (model, flavor)s served by gang slot deployments: slot -> its target (0 or 1). ``target``
     # and ``running`` count all of a flavor's slots together, as the core decides per (model, flavor).
     slots: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
+    # The same slots' replicas that take requests now (slot -> 0 or 1): the ingress routes by these.
+    slots_serving: dict[tuple[str, str], dict[int, int]] = field(default_factory=dict)
 
 
 class ServeClientError(RuntimeError):
@@ -137,6 +139,7 @@ def parse_details(details: dict[str, Any]) -> ServeSnapshot:
     per_node: dict[str, int] = defaultdict(int)
     app_of: dict[tuple[str, str], str] = {}
     slots: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
+    slots_serving: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)
     for app_name, app in (details.get("applications") or {}).items():
         for dep_name, dep in (app.get("deployments") or {}).items():
             parsed = parse_deployment_name(dep_name)
@@ -150,6 +153,7 @@ def parse_details(details: dict[str, Any]) -> ServeSnapshot:
             else:  # a gang slot: the flavor's target is the sum over its slots
                 slots[mf][slot] = n
                 target[mf] = target.get(mf, 0) + n
+                slots_serving[mf][slot] = sum(r.get("state") in SERVING_STATES for r in dep.get("replicas") or [])
             # A STOPPING replica is still finishing in-flight requests: its node is not free yet.
             for rep in dep.get("replicas") or []:
                 running[mf] += 1
@@ -159,4 +163,5 @@ def parse_details(details: dict[str, Any]) -> ServeSnapshot:
                 # On Kubernetes a Ray node is a pod: actuators that know pods, not Ray ids, join by IP.
                 if rep.get("node_ip"):
                     per_node[f"ip:{rep['node_ip']}"] += 1
-    return ServeSnapshot(target, dict(running), dict(serving), dict(per_node), app_of, slots=dict(slots))
+    return ServeSnapshot(target, dict(running), dict(serving), dict(per_node), app_of, slots=dict(slots),
+                         slots_serving=dict(slots_serving))

@@ -37,7 +37,8 @@ def slot_targets(replicas: int, gangs: Iterable[Gang], current: Mapping[int, int
 
 def slot_weights(weights: Mapping[str, float], slots: Mapping[str, Mapping[int, int]]) -> dict[str, float]:
     """A model's routing weights with each multi-node flavor's share split evenly over its slot
-    deployments that run a replica (``slots``: flavor -> slot -> target); other flavors as given."""
+    deployments that run a replica (``slots``: flavor -> slot -> replicas, those serving where the
+    controller routes); other flavors as given."""
     out: dict[str, float] = {}
     for flavor, w in weights.items():
         targets = slots.get(flavor)

@@ -6,6 +6,13 @@ Equal weights would overload the slower flavor of a mixed fleet while the faster
 replicas Serve was told to run would send a flavor that is scaling up the share of replicas still starting,
 and Serve's router queues it behind the one that runs (a dev chat hour: one inf2 of three up took a third of
 the requests, TTFT p95 10-27 s for three minutes; bench/README.md).
+
+Upstream (ray 2.60): a deployment broadcasts to its routers only the replicas in RUNNING (or
+PENDING_MIGRATION) state (``DeploymentState.get_running_replica_infos`` and
+``broadcast_running_replicas_if_changed`` in ``ray/serve/_private/deployment_state.py``); the router's
+``update_deployment_targets`` (``ray/serve/_private/router.py``) hands only those to the request router,
+which holds the rest of the requests in ``_pending_requests_to_fulfill`` and retries with back-off until a
+replica under ``max_ongoing_requests`` accepts one (``ray/serve/_private/request_router/request_router.py``).
 """
 
 from __future__ import annotations

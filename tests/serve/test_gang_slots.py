@@ -134,3 +134,35 @@ def test_serve_details_count_a_slot_flavor_per_flavor_and_per_slot() -> None:
     assert snap.serving == {(MODEL, FLAVOR): 1, (MODEL, "l4"): 1}  # a starting replica takes no requests
     assert snap.slots == {(MODEL, FLAVOR): {0: 1, 1: 0}}
     assert snap.app_of[(MODEL, FLAVOR)] == "llm"
+
+
+def test_the_controller_routes_a_slot_flavor_only_to_the_slots_whose_replica_serves() -> None:
+    """Two gang slots told to run a replica, one still starting: the flavor's whole weight goes to the slot
+    that serves (Serve's router would queue the other slot's share behind a replica that takes nothing)."""
+    from rayscale.config import load_catalog
+    from rayscale.controller.loop import Controller, ControllerConfig
+    from rayscale.core.estimate import estimate
+    from rayscale.core.signals import Freshness, ModelSignals, RequestMix
+
+    cat = load_catalog().subset([MODEL], [FLAVOR, "l4"])
+    mix = RequestMix(prompt_mean=1000, output_mean=200, prompt_p95=3000)
+    demands = estimate(cat, {MODEL: ModelSignals(MODEL, Freshness.FRESH, 1.0, 2.0, mix)})
+    rep = {"node_id": "n1", "state": "RUNNING"}
+    details = {"applications": {"llm": {"deployments": {
+        slot_deployment_name(MODEL, FLAVOR, 0): {"target_num_replicas": 1, "replicas": [rep]},
+        slot_deployment_name(MODEL, FLAVOR, 1): {"target_num_replicas": 1, "replicas": [{**rep, "state": "STARTING"}]},
+        slot_deployment_name(MODEL, FLAVOR, 2): {"target_num_replicas": 0, "replicas": []},
+        f"{MODEL}--l4": {"target_num_replicas": 1, "replicas": [rep]},
+    }}}}
+    snap = parse_details(details)
+    assert snap.slots == {(MODEL, FLAVOR): {0: 1, 1: 1, 2: 0}}
+    assert snap.slots_serving == {(MODEL, FLAVOR): {0: 1, 1: 0, 2: 0}}
+    pushed: list[dict[str, float]] = []
+    none: Any = None
+    ctl = Controller(cat, none, none, none, ControllerConfig(), weights_sink=lambda a, m, w: pushed.append(w))
+    assert ctl._route(dict(demands), snap) == []
+    (w,) = pushed
+    caps = demands[MODEL].capacity
+    assert w[f"{FLAVOR}--slot0"] == pytest.approx(caps[FLAVOR].rps, rel=1e-3)
+    assert w[f"{FLAVOR}--slot1"] == 0.0 and w[f"{FLAVOR}--slot2"] == 0.0
+    assert w["l4"] == pytest.approx(caps["l4"].rps, rel=1e-3)
