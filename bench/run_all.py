@@ -1,4 +1,4 @@
-"""Run every benchmark and rewrite its results under bench/results/ (`make bench`; about two hours on 2 cores)."""
+"""Run every benchmark and rewrite its results under bench/results/ (`make bench`; four hours or more on 2 cores, the dev split alone about 100 min)."""
 
 from __future__ import annotations
 
