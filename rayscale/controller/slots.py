@@ -41,11 +41,11 @@ def slot_weights(weights: Mapping[str, float], slots: Mapping[str, Mapping[int, 
     controller routes); other flavors as given."""
     out: dict[str, float] = {}
     for flavor, w in weights.items():
-        targets = slots.get(flavor)
-        if targets is None:
+        per_slot = slots.get(flavor)
+        if per_slot is None:
             out[flavor] = w
             continue
-        running = [k for k, n in sorted(targets.items()) if n > 0]
-        for k in targets:
+        running = [k for k, n in sorted(per_slot.items()) if n > 0]
+        for k in per_slot:
             out[slot_key(flavor, k)] = w / len(running) if k in running else 0.0
     return out
