@@ -15,12 +15,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rayscale.config import DEFAULT_DIR, load_settings
 from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits, RequestMixSpec
 from rayscale.core.settings import Settings
 from rayscale.loadgen import Attainment
+
+if TYPE_CHECKING:
+    from rayscale.controller.loop import Controller
+    from rayscale.loadgen import ReplayResult
+    from rayscale.sim.trace import Trace
 
 MODEL = "mistral-7b"
 FLAVOR = "a10g"
@@ -292,21 +297,37 @@ def burst_trace(trace_path: Path, out: Callable[[str], None]) -> Any:
 def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None], out_dir: Path,
         progress: bool = True, drain_timeout_s: float = 150.0) -> int:
     """Deploy, run the controller through the burst, wait for the drain, print and plot; 0 on success."""
-    from ray import serve
-
-    from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
-    from rayscale.controller.loop import Controller, ControllerConfig
-    from rayscale.controller.serve_client import ServeClient
-    from rayscale.core.act import GangPhase
-    from rayscale.loadgen import LoadGenConfig, replay, wait_ready, write_results_jsonl
-    from rayscale.serve.app import build_app
-    from rayscale.serve.weights import set_flavor_weights
-    from rayscale.signals.scrape import MetricsScraper
-
     # Four a10g replicas at most (beside the demo's vLLM node): three leave the burst's peak short of capacity
     # long after a start-up, and the clients' TPOT past the SLO.
     cat = local_stand_in_catalog(max_replicas=DEMO_MAX_REPLICAS)
     out_dir.mkdir(parents=True, exist_ok=True)
+    ctl = _deploy(cluster, cat, out_dir)
+    out(f"    watch it live: Ray dashboard {cluster.dashboard_url} (Serve tab: {MODEL}--{FLAVOR} replicas; "
+        f"Cluster tab: a10g nodes come and go); decisions: {out_dir / 'decisions.jsonl'}")
+    t0 = time.time()
+    ctl.start()
+    try:
+        tr, res, replay_start = _through_the_burst(ctl, f"{base_url}/{APP}", trace_path, out, progress, t0,
+                                                   drain_timeout_s)
+    finally:
+        ctl.stop()
+        ctl.actuator.close()
+        ctl.scraper.close()
+    return _report(ctl, cat, tr, res, t0, replay_start, out, out_dir)
+
+
+def _deploy(cluster: Any, cat: Catalog, out_dir: Path) -> Controller:
+    """The demo's Serve application and a controller for it on the local actuator (not started)."""
+    from ray import serve
+
+    from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+    from rayscale.controller.loop import Controller, ControllerConfig
+    from rayscale.controller.metrics import ControllerMetrics
+    from rayscale.controller.serve_client import ServeClient
+    from rayscale.serve.app import build_app
+    from rayscale.serve.weights import set_flavor_weights
+    from rayscale.signals.scrape import MetricsScraper
+
     serve.run_many([serve.RunTarget(target=build_app(app_args(cat)), name=APP, route_prefix=f"/{APP}",
                                     external_scaler_enabled=True)],
                    wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
@@ -315,47 +336,51 @@ def run(cluster: Any, base_url: str, trace_path: Path, out: Callable[[str], None
     ctl = Controller(cat, actuator, ServeClient(cluster.dashboard_url), MetricsScraper(),
                      ControllerConfig(demo_settings(), app_name=APP, decision_log=out_dir / "decisions.jsonl"),
                      weights_sink=set_flavor_weights)
-    from rayscale.controller.metrics import ControllerMetrics
-
     ctl.on_record(ControllerMetrics(cat).update)  # ray_rayscale_* in the Ray dashboard's metrics
-    out(f"    watch it live: Ray dashboard {cluster.dashboard_url} (Serve tab: {MODEL}--{FLAVOR} replicas; "
-        f"Cluster tab: a10g nodes come and go); decisions: {out_dir / 'decisions.jsonl'}")
-    t0 = time.time()
-    ctl.start()
-    try:
-        url = f"{base_url}/{APP}"
-        wait_ready(url, MODEL, timeout_s=120)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            s = ctl.serve.snapshot()
-            if s.running.get((MODEL, FLAVOR), 0) >= 1 and any(g.phase == GangPhase.READY for g in ctl.gangs()):
-                break
-            time.sleep(1.0)
-        tr = burst_trace(trace_path, out)
-        st = tr.stats()
-        out(f"    burst slice: {st.requests} requests over {st.duration_s:.0f} s ({st.rate_per_s:.2f} req/s mean)")
-        replay_start = time.time() - t0
-        res = replay(tr, LoadGenConfig(base_url=url, model=MODEL, max_output_tokens=32, request_timeout_s=90,
-                                       progress=progress, seed=0))
-        # After the burst: wait until the controller drained back to its minimum.
-        end = time.monotonic() + drain_timeout_s
-        while time.monotonic() < end:
-            gangs = ctl.gangs()
-            if len(gangs) == 1 and ctl.serve.snapshot().running.get((MODEL, FLAVOR), 0) == 1:
-                break
-            time.sleep(2.0)
-    finally:
-        ctl.stop()
-        actuator.close()
-        ctl.scraper.close()
+    return ctl
+
+
+def _through_the_burst(ctl: Controller, url: str, trace_path: Path, out: Callable[[str], None], progress: bool,
+                       t0: float, drain_timeout_s: float) -> tuple[Trace, ReplayResult, float]:
+    """Once a replica serves on a ready gang, the burst replayed open loop; then the controller given
+    ``drain_timeout_s`` to drain back to its minimum. The trace, the clients' results and when the replay
+    started (seconds after ``t0``)."""
+    from rayscale.core.act import GangPhase
+    from rayscale.loadgen import LoadGenConfig, replay, wait_ready
+
+    wait_ready(url, MODEL, timeout_s=120)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        s = ctl.serve.snapshot()
+        if s.running.get((MODEL, FLAVOR), 0) >= 1 and any(g.phase == GangPhase.READY for g in ctl.gangs()):
+            break
+        time.sleep(1.0)
+    tr = burst_trace(trace_path, out)
+    st = tr.stats()
+    out(f"    burst slice: {st.requests} requests over {st.duration_s:.0f} s ({st.rate_per_s:.2f} req/s mean)")
+    replay_start = time.time() - t0
+    res = replay(tr, LoadGenConfig(base_url=url, model=MODEL, max_output_tokens=32, request_timeout_s=90,
+                                   progress=progress, seed=0))
+    end = time.monotonic() + drain_timeout_s
+    while time.monotonic() < end:
+        if len(ctl.gangs()) == 1 and ctl.serve.snapshot().running.get((MODEL, FLAVOR), 0) == 1:
+            break
+        time.sleep(2.0)
+    return tr, res, replay_start
+
+
+def _report(ctl: Controller, cat: Catalog, tr: Trace, res: ReplayResult, t0: float, replay_start: float,
+            out: Callable[[str], None], out_dir: Path) -> int:
+    """The timeline, the clients' summary and SLO windows, the plot and the verdict; 0 on success."""
+    from rayscale.loadgen import write_results_jsonl
+    from rayscale.tables import format_table
+
     rows = [row_of(r, t0) for r in ctl.records if r.plan]
     out(timeline_table(rows))
     out(res.summary.table(title=f"{MODEL} (emulated) through the burst, autoscaled by rayscale"))
     png = out_dir / "demo-autoscale.png"
     client = client_ttft_p95(res.results, replay_start)
     plot(rows, cat.models[MODEL].slo.ttft_p95_s, png, client)
-    from rayscale.tables import format_table
-
     slo = cat.models[MODEL].slo
     windows = client_windows(res.results, replay_start, slo.ttft_p95_s, slo.tpot_p95_s)
     out(format_table(["t s", "requests", "met SLO", "client TTFT p95 s", "client TPOT p95 ms"],

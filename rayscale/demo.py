@@ -22,9 +22,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rayscale
+
+if TYPE_CHECKING:
+    from rayscale.cluster.local import LocalCluster
 
 REPO_ROOT = Path(rayscale.__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO_ROOT.parent / "shared" / "traces" / "azure_llm_2023_code.csv"
@@ -166,85 +169,86 @@ class _Terminated(Exception):
 
 def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> int:
     from rayscale.cluster.local import LocalCluster, LocalClusterConfig
-    from rayscale.loadgen import LoadGenConfig, replay
 
-    step = Step(6 if cfg.autoscale else 5, out)
     # Engine metrics reach Ray's Prometheus endpoints within ~1 s (default ~10 s): the controller reads them.
     cluster = LocalCluster(LocalClusterConfig(root_dir=cfg.root_dir, head_num_cpus=1,
                                               env={"RAY_metrics_report_interval_ms": "1000"}))
-    connected = False
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise _Terminated()
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_term = signal.signal(signal.SIGTERM, _on_term)
     # one line per HTTP request and Serve's config dumps would bury the progress bar
     for name in ("httpx", "ray.serve", "ray"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
-        trace = demo_trace(cfg, out)
-        app_name, args, model = serve_app_args(cfg)
-        with step("cluster: head + one worker node of flavor " + repr(cfg.flavor)):
-            cluster.start()
-            node_id = cluster.add_node(cfg.flavor)
-            out(f"    Ray at {cluster.address}, dashboard {cluster.dashboard_url}, nodes: head, {node_id}")
-        port = _port(NODE_IP, cfg.http_port)
-        base_url = f"http://{NODE_IP}:{port}"
-        with step(f"serve: {model} on vLLM (CPU) from {cfg.serve_config.name}"):
-            import ray
-
-            ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
-            connected = True
-            deploy(app_name, args, port, cfg.deploy_timeout_s)
-        with step(f"ready: {base_url}/v1 lists {model!r}"):
-            from rayscale.loadgen import wait_ready
-
-            wait_ready(base_url, model, timeout_s=120)
-        lg = LoadGenConfig(
-            base_url=base_url,
-            model=model,
-            request_timeout_s=cfg.request_timeout_s,
-            deadline_s=cfg.replay_deadline_s,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-            max_output_tokens=cfg.max_output_tokens,
-            max_model_len=int(args["models"][0].get("max_model_len", 2048)),
-            seed=cfg.seed,
-            progress=cfg.progress,
-        )
-        with step(f"replay: {len(trace)} requests, open loop"):
-            result = replay(trace, lg)
-        with step("report"):
-            out(result.summary.table(title=f"{model} on {cfg.flavor} (vLLM CPU), {trace.name}"))
-        rc = 0 if result.summary.ok > 0 else 1
-        if cfg.autoscale:
-            from rayscale import autoscale_demo
-
-            with step("autoscale: the controller scales the emulated Mistral-7B on a10g nodes through a burst"):
-                rc = max(rc, autoscale_demo.run(cluster, base_url, cfg.trace, out, cfg.out_dir, cfg.progress))
-        return rc
+        return _stages(cfg, cluster, out)
     except (KeyboardInterrupt, _Terminated):
         out("interrupted: stopping everything the demo started")
         return 130
     finally:
-        # a second Ctrl-C must not cut the cleanup short and leave nodes running
-        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        out("cleanup: Serve, Ray driver, cluster nodes, files ...")
-        start = time.perf_counter()
-        try:
-            if connected:
-                import ray
-                from ray import serve
+        _clean_up(cluster, old_term, out)
 
-                with contextlib.suppress(Exception):
-                    serve.shutdown()
-                with contextlib.suppress(Exception):
-                    ray.shutdown()
-        finally:
-            cluster.stop()
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, old_term)
-        out(f"cleanup: done in {time.perf_counter() - start:.1f} s")
+
+def _on_term(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def _stages(cfg: DemoConfig, cluster: LocalCluster, out: Callable[[str], None]) -> int:
+    """The demo's steps, each timed; 0 when every one served its requests."""
+    from rayscale.loadgen import LoadGenConfig, replay, wait_ready
+
+    step = Step(6 if cfg.autoscale else 5, out)
+    trace = demo_trace(cfg, out)
+    app_name, args, model = serve_app_args(cfg)
+    with step("cluster: head + one worker node of flavor " + repr(cfg.flavor)):
+        cluster.start()
+        node_id = cluster.add_node(cfg.flavor)
+        out(f"    Ray at {cluster.address}, dashboard {cluster.dashboard_url}, nodes: head, {node_id}")
+    port = _port(NODE_IP, cfg.http_port)
+    base_url = f"http://{NODE_IP}:{port}"
+    with step(f"serve: {model} on vLLM (CPU) from {cfg.serve_config.name}"):
+        import ray
+
+        ray.init(address=cluster.address, logging_level=logging.ERROR, log_to_driver=False)
+        deploy(app_name, args, port, cfg.deploy_timeout_s)
+    with step(f"ready: {base_url}/v1 lists {model!r}"):
+        wait_ready(base_url, model, timeout_s=120)
+    lg = LoadGenConfig(base_url=base_url, model=model, request_timeout_s=cfg.request_timeout_s,
+                       deadline_s=cfg.replay_deadline_s, max_prompt_tokens=cfg.max_prompt_tokens,
+                       max_output_tokens=cfg.max_output_tokens,
+                       max_model_len=int(args["models"][0].get("max_model_len", 2048)), seed=cfg.seed,
+                       progress=cfg.progress)
+    with step(f"replay: {len(trace)} requests, open loop"):
+        result = replay(trace, lg)
+    with step("report"):
+        out(result.summary.table(title=f"{model} on {cfg.flavor} (vLLM CPU), {trace.name}"))
+    rc = 0 if result.summary.ok > 0 else 1
+    if cfg.autoscale:
+        from rayscale import autoscale_demo
+
+        with step("autoscale: the controller scales the emulated Mistral-7B on a10g nodes through a burst"):
+            rc = max(rc, autoscale_demo.run(cluster, base_url, cfg.trace, out, cfg.out_dir, cfg.progress))
+    return rc
+
+
+def _clean_up(cluster: LocalCluster, old_term: Any, out: Callable[[str], None]) -> None:
+    """Serve, the Ray driver and every node the demo started; a second Ctrl-C must not cut it short and leave
+    nodes running."""
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out("cleanup: Serve, Ray driver, cluster nodes, files ...")
+    start = time.perf_counter()
+    try:
+        ray = sys.modules.get("ray")  # imported and connected by the serve step, if it got that far
+        if ray is not None and ray.is_initialized():
+            from ray import serve
+
+            with contextlib.suppress(Exception):
+                serve.shutdown()
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+    finally:
+        cluster.stop()
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+    out(f"cleanup: done in {time.perf_counter() - start:.1f} s")
 
 
 def main(cfg: DemoConfig | None = None) -> int:

@@ -284,6 +284,40 @@ def _chunk_text(api: Api, chunk: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+@dataclass
+class _Stream:
+    """What one response's server-sent events carried: token chunk times, the usage count, an error."""
+
+    first: float | None = None
+    last: float | None = None
+    chunks: int = 0
+    usage_tokens: int | None = None
+    error: str | None = None
+
+    async def read(self, resp: Any, api: Api) -> None:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, comments, event names
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                err = chunk["error"]
+                msg = err.get("message", err) if isinstance(err, dict) else err
+                self.error = f"stream error: {msg}"
+                break
+            if chunk.get("usage"):
+                self.usage_tokens = chunk["usage"].get("completion_tokens", self.usage_tokens)
+            if _chunk_text(api, chunk):
+                now = time.perf_counter()
+                self.first = now if self.first is None else self.first
+                self.last = now
+                self.chunks += 1
+        if self.error is None and self.first is None:
+            self.error = "empty: no tokens in response"
+
+
 async def _one(
     client: Any,
     cfg: LoadGenConfig,
@@ -297,65 +331,56 @@ async def _one(
     path = "/v1/chat/completions" if cfg.api == "chat" else "/v1/completions"
     body = _body(cfg, prompt_text, max_tokens)
     sent = time.perf_counter()
-    first: float | None = None
-    last: float | None = None
-    chunks = 0
-    usage_tokens: int | None = None
+    st = _Stream()
     status: int | None = None
-    error: str | None = None
     try:
         async with asyncio.timeout(cfg.request_timeout_s), client.stream("POST", path, json=body) as resp:
             status = resp.status_code
             if status != 200:
                 text = (await resp.aread())[:300].decode("utf-8", "replace")
-                error = f"http {status}: {text.strip()}"
+                st.error = f"http {status}: {text.strip()}"
             else:
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments, event names
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    chunk = json.loads(payload)
-                    if "error" in chunk:
-                        err = chunk["error"]
-                        msg = err.get("message", err) if isinstance(err, dict) else err
-                        error = f"stream error: {msg}"
-                        break
-                    if chunk.get("usage"):
-                        usage_tokens = chunk["usage"].get("completion_tokens", usage_tokens)
-                    if _chunk_text(cfg.api, chunk):
-                        now = time.perf_counter()
-                        first = now if first is None else first
-                        last = now
-                        chunks += 1
-                if error is None and first is None:
-                    error = "empty: no tokens in response"
+                await st.read(resp, cfg.api)
     except TimeoutError:
-        error = f"timeout: no complete response in {cfg.request_timeout_s:g} s"
+        st.error = f"timeout: no complete response in {cfg.request_timeout_s:g} s"
     except asyncio.CancelledError:
-        error = "deadline: replay deadline reached while in flight"
+        st.error = "deadline: replay deadline reached while in flight"
     except json.JSONDecodeError as e:
-        error = f"protocol: bad SSE data ({e.msg})"
+        st.error = f"protocol: bad SSE data ({e.msg})"
     except Exception as e:  # connection refused, reset, ...: recorded, the replay goes on
-        error = f"{type(e).__name__}: {e}"
+        st.error = f"{type(e).__name__}: {e}"
     end = time.perf_counter()
-    tokens = usage_tokens if usage_tokens is not None else chunks
-    ttft = first - sent if first is not None else None
+    first, last = st.first, st.last
+    tokens = st.usage_tokens if st.usage_tokens is not None else st.chunks
     tpot = (last - first) / (tokens - 1) if first is not None and last is not None and tokens > 1 else None
-    return RequestResult(
-        index=index,
-        scheduled_s=scheduled_s,
-        sent_s=sent - t0,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        output_tokens=tokens if first is not None else 0,
-        ttft_s=ttft,
-        tpot_s=tpot,
-        latency_s=end - sent if error is None else None,
-        status=status,
-        error=error,
-    )
+    return RequestResult(index=index, scheduled_s=scheduled_s, sent_s=sent - t0, prompt_tokens=prompt_tokens,
+                         max_tokens=max_tokens, output_tokens=tokens if first is not None else 0,
+                         ttft_s=first - sent if first is not None else None, tpot_s=tpot,
+                         latency_s=end - sent if st.error is None else None, status=status, error=st.error)
+
+
+class _Collected:
+    """Results by trace index as requests finish, with the progress bar and its error count."""
+
+    def __init__(self, n: int, progress: bool, on_result: Callable[[RequestResult], None] | None) -> None:
+        from tqdm import tqdm
+
+        self.results: list[RequestResult | None] = [None] * n
+        self.errors = 0
+        self.on_result = on_result
+        self.bar = tqdm(total=n, unit="req", desc="replay", disable=not progress, file=sys.stderr, smoothing=0.1)
+
+    def done(self, task: asyncio.Task[RequestResult]) -> None:
+        if task.cancelled():
+            return
+        res = task.result()
+        self.results[res.index] = res
+        self.errors += 0 if res.ok else 1
+        self.bar.update(1)
+        if self.errors:
+            self.bar.set_postfix(errors=self.errors, refresh=False)
+        if self.on_result is not None:
+            self.on_result(res)
 
 
 async def replay_async(
@@ -363,34 +388,17 @@ async def replay_async(
 ) -> ReplayResult:
     """Replays ``trace`` against ``cfg.base_url``; returns one result per trace request, in trace order."""
     import httpx  # imported here so that `import rayscale.loadgen` stays light
-    from tqdm import tqdm
 
-    n = len(trace)
     sizes = [_clip(cfg, int(p), int(o)) for p, o in zip(trace.prompt_tokens, trace.output_tokens, strict=True)]
     factory = PromptFactory(cfg.seed, cfg.tokenizer_path, max(max((s[0] for s in sizes), default=1), 1))
     deadline = cfg.deadline_s if cfg.deadline_s is not None else trace.duration_s + 2 * cfg.request_timeout_s
-    results: list[RequestResult | None] = [None] * n
+    got = _Collected(len(trace), cfg.progress, on_result)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
     # per-request time is bounded by asyncio.timeout in _one; httpx's own timeouts only catch stalls
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=min(10.0, cfg.request_timeout_s))
-    bar = tqdm(total=n, unit="req", desc="replay", disable=not cfg.progress, file=sys.stderr, smoothing=0.1)
-    errors = 0
     tasks: dict[asyncio.Task[RequestResult], int] = {}
     deadline_hit = False
-
-    def done(task: asyncio.Task[RequestResult]) -> None:
-        nonlocal errors
-        if task.cancelled():
-            return
-        res = task.result()
-        results[res.index] = res
-        errors += 0 if res.ok else 1
-        bar.update(1)
-        if errors:
-            bar.set_postfix(errors=errors, refresh=False)
-        if on_result is not None:
-            on_result(res)
 
     async def schedule(client: httpx.AsyncClient, t0: float) -> None:
         for i, arrival in enumerate(trace.arrival_s.tolist()):
@@ -400,7 +408,7 @@ async def replay_async(
             p, o = sizes[i]
             task = asyncio.create_task(_one(client, cfg, i, arrival, factory.make(i, p), p, o, t0))
             tasks[task] = i
-            task.add_done_callback(done)
+            task.add_done_callback(got.done)
 
     async with httpx.AsyncClient(
         base_url=cfg.base_url.rstrip("/"), headers=headers, limits=limits, timeout=timeout
@@ -417,22 +425,24 @@ async def replay_async(
         except TimeoutError:
             deadline_hit = True
         # in-flight requests end with a "deadline" result; unsent ones are recorded below
-        pending = [t for t in tasks if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.wait(pending)
-            for t in pending:
-                if not t.cancelled():
-                    continue
-                i = tasks[t]
-                results[i] = _unsent(i, float(trace.arrival_s[i]), sizes[i], "deadline: cancelled in flight")
+        for i in await _cancel_in_flight(tasks):
+            got.results[i] = _unsent(i, float(trace.arrival_s[i]), sizes[i], "deadline: cancelled in flight")
         duration = time.perf_counter() - t0
-    bar.close()
-    final: list[RequestResult] = []
-    for i, r in enumerate(results):
-        final.append(r if r is not None else _unsent(i, float(trace.arrival_s[i]), sizes[i], "deadline: not sent"))
+    got.bar.close()
+    final = [r if r is not None else _unsent(i, float(trace.arrival_s[i]), sizes[i], "deadline: not sent")
+             for i, r in enumerate(got.results)]
     return ReplayResult(final, Summary.of(final, duration), deadline_hit)
+
+
+async def _cancel_in_flight(tasks: dict[asyncio.Task[RequestResult], int]) -> list[int]:
+    """Cancels the requests still in flight; the trace indices of those that ended cancelled."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if not pending:
+        return []
+    await asyncio.wait(pending)
+    return [tasks[t] for t in pending if t.cancelled()]
 
 
 def _unsent(i: int, arrival: float, size: tuple[int, int], why: str) -> RequestResult:

@@ -635,82 +635,84 @@ def _settings_text(settings: RenderSettings) -> str:
 
 def render_controller(settings: RenderSettings) -> dict[str, list[Obj]]:
     ns, name = settings.namespace, "rayscale-controller"
-    labels = {"app.kubernetes.io/name": name, "rayscale.io/owned-by": "rayscale"}
+    return {"deployments/k8s/controller.yaml": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
+        *_controller_rbac(ns, name),
+        # The same settings file `rayscale controller --settings` and `rayscale simulate --settings` read.
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": SETTINGS_CONFIGMAP, "namespace": ns},
+         "data": {"settings.yaml": _settings_text(settings)}},
+        _controller_deployment(settings, name),
+    ]}
+
+
+def _controller_rbac(ns: str, name: str) -> list[Obj]:
+    """The controller's ServiceAccount's rights: cluster-wide (CLUSTER_RULES) and in its namespace."""
     subject = [{"kind": "ServiceAccount", "name": name, "namespace": ns}]
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+         "rules": CLUSTER_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": subject},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": name, "namespace": ns},
+         "rules": NAMESPACE_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": subject},
+    ]
+
+
+def _controller_deployment(settings: RenderSettings, name: str) -> Obj:
+    """Two replicas on the head pool: one acts (it holds the Lease), the other waits to take over; a restart
+    rebuilds everything from labels."""
+    labels = {"app.kubernetes.io/name": name, "rayscale.io/owned-by": "rayscale"}
     return {
-        "deployments/k8s/controller.yaml": [
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
-             "rules": CLUSTER_RULES},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-             "metadata": {"name": name},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-             "subjects": subject},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-             "metadata": {"name": name, "namespace": ns}, "rules": NAMESPACE_RULES},
-            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-             "metadata": {"name": name, "namespace": ns},
-             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-             "subjects": subject},
-            # The same settings file `rayscale controller --settings` and `rayscale simulate --settings` read.
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": SETTINGS_CONFIGMAP, "namespace": ns},
-             "data": {"settings.yaml": _settings_text(settings)}},
-            {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": dict(METRICS_ANNOTATIONS)},
                 "spec": {
-                    # Two: one acts (it holds the Lease), the other waits to take over; a restart rebuilds
-                    # everything from labels.
-                    "replicas": 2,
-                    "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-                    "template": {
-                        "metadata": {"labels": labels, "annotations": dict(METRICS_ANNOTATIONS)},
-                        "spec": {
-                            "serviceAccountName": name,
-                            "nodeSelector": {LABEL_NODEPOOL: HEAD_POOL},
-                            "tolerations": [
-                                {"key": HEAD_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
-                            ],
-                            "volumes": [{"name": "settings", "configMap": {"name": SETTINGS_CONFIGMAP}}],
-                            "containers": [
-                                {
-                                    "name": "controller",
-                                    "image": settings.image,
-                                    "command": ["rayscale", "controller"],
-                                    # The Lease holder's identity (client-go uses the pod name too).
-                                    "env": [{"name": "POD_NAME",
-                                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                                    "args": [
-                                        "--actuator", "kube",
-                                        "--namespace", ns,
-                                        # The RayService rendered beside it (same name): the controller
-                                        # follows the cluster its status names through upgrades.
-                                        "--rayservice", settings.raycluster,
-                                        # KubeRay's RayService head Service points at the active cluster.
-                                        "--dashboard", f"http://{settings.raycluster}-head-svc.{ns}:8265",
-                                        "--app", LLM_APP,
-                                        "--settings", f"{SETTINGS_DIR}/settings.yaml",
-                                        # Prometheus scrapes the pod's IP: bind every interface.
-                                        "--metrics-address", "0.0.0.0",
-                                        "--metrics-port", str(METRICS_PORT),
-                                    ],
-                                    "ports": [{"name": "metrics", "containerPort": METRICS_PORT,
-                                               "protocol": "TCP"}],
-                                    "volumeMounts": [{"name": "settings", "mountPath": SETTINGS_DIR,
-                                                      "readOnly": True}],
-                                    "resources": {
-                                        "limits": {"cpu": "1", "memory": "1Gi"},
-                                        "requests": {"cpu": "250m", "memory": "512Mi"},
-                                    },
-                                }
-                            ],
-                        },
-                    },
+                    "serviceAccountName": name,
+                    "nodeSelector": {LABEL_NODEPOOL: HEAD_POOL},
+                    "tolerations": [{"key": HEAD_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    "volumes": [{"name": "settings", "configMap": {"name": SETTINGS_CONFIGMAP}}],
+                    "containers": [_controller_container(settings)],
                 },
             },
-        ]
+        },
+    }
+
+
+def _controller_container(settings: RenderSettings) -> Obj:
+    ns = settings.namespace
+    return {
+        "name": "controller",
+        "image": settings.image,
+        "command": ["rayscale", "controller"],
+        # The Lease holder's identity (client-go uses the pod name too).
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "args": [
+            "--actuator", "kube",
+            "--namespace", ns,
+            # The RayService rendered beside it (same name): the controller follows the cluster its status
+            # names through upgrades.
+            "--rayservice", settings.raycluster,
+            # KubeRay's RayService head Service points at the active cluster.
+            "--dashboard", f"http://{settings.raycluster}-head-svc.{ns}:8265",
+            "--app", LLM_APP,
+            "--settings", f"{SETTINGS_DIR}/settings.yaml",
+            # Prometheus scrapes the pod's IP: bind every interface.
+            "--metrics-address", "0.0.0.0",
+            "--metrics-port", str(METRICS_PORT),
+        ],
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "settings", "mountPath": SETTINGS_DIR, "readOnly": True}],
+        "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "250m", "memory": "512Mi"}},
     }
 
 

@@ -10,10 +10,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rayscale.commands.plan import add_catalog_args, catalog_from_args
 from rayscale.commands.settings_args import add_settings_args, settings_from_args
+
+if TYPE_CHECKING:
+    from rayscale.cluster.actuator import Actuator
+    from rayscale.controller.checkpoint import StateStore
+    from rayscale.core.catalog import Catalog
+    from rayscale.core.settings import Settings
 
 
 def register(sub: Any) -> None:
@@ -61,110 +69,126 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
+class _Usage(Exception):
+    """A command-line error: printed as ``error: ...``, exit status 2."""
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    """What the loop drives and reads, per actuator."""
+
+    actuator: Actuator
+    dashboard: str
+    address: str
+    leader: Callable[[], bool] | None = None  # Kubernetes: the replica holding the Lease acts
+    store: StateStore | None = None  # where the checkpoint is kept (rayscale.controller.checkpoint)
+
+
 def run(args: argparse.Namespace) -> int:
-    import logging
-    from pathlib import Path
-
-    import ray
-
-    from rayscale.cluster.actuator import Actuator
-    from rayscale.controller.checkpoint import CHECKPOINT_FILE, StateStore
-    from rayscale.controller.heap import settle_heap
-    from rayscale.controller.loop import Controller, ControllerConfig, record_line
-    from rayscale.controller.serve_client import ServeClient
     from rayscale.core.catalog import CatalogError
-    from rayscale.serve.weights import set_flavor_weights
-    from rayscale.signals.scrape import MetricsScraper
 
     try:
         cat = catalog_from_args(args)
-    except CatalogError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
         settings = settings_from_args(args)
     except CatalogError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.detached or args.stop:
         return _detached(args)
+    from rayscale.controller.heap import settle_heap
+
     settle_heap()
     # SIGTERM from here on stops the controller cleanly (it may come while it still starts up)
     term = threading.Event()
     signal.signal(signal.SIGTERM, lambda signum, frame: term.set())
-    actuator: Actuator
-    leader: Callable[[], bool] | None = None  # Kubernetes: the replica holding the Lease acts
-    store: StateStore | None = None  # where the checkpoint is kept (rayscale.controller.checkpoint)
-    if args.actuator == "local":
-        from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster, LocalClusterError
-        from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+    try:
+        wiring = _local_wiring(args) if args.actuator == "local" else _kube_wiring(args, cat, settings)
+    except _Usage as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    _run_loop(args, cat, settings, wiring, term)
+    if term.is_set():
+        print("rayscale controller: SIGTERM: stopped after the current period, closed the actuator; "
+              "gangs and replicas left running", flush=True)
+    return 0
 
-        try:
-            cluster = LocalCluster.attach(args.root or DEFAULT_ROOT)
-        except LocalClusterError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        if not cluster.dashboard_url:
-            print("error: the local cluster runs without a dashboard (needed for Serve's API)", file=sys.stderr)
-            return 2
-        dashboard, address = cluster.dashboard_url, cluster.address
-        local = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
-                                                           max_worker_nodes=args.max_nodes))
-        # a previous controller may have been killed in the middle of a node start: settle it first
-        for note in local.recover(time.time()):
-            print(f"recover: {note}", flush=True)
-        actuator = local
-        if args.checkpoint != "none":
-            from rayscale.controller.checkpoint import FileStore
 
-            store = FileStore(args.checkpoint or Path(cluster.root) / CHECKPOINT_FILE)
-    else:
-        try:
-            from kubernetes import client, config
-        except ImportError as e:
-            from rayscale.extras import missing_extra
+def _local_wiring(args: argparse.Namespace) -> _Wiring:
+    """The local cluster's actuator, after settling a node start a previous controller was killed in."""
+    from rayscale.cluster.local import DEFAULT_ROOT, LocalCluster, LocalClusterError
+    from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
+    from rayscale.controller.checkpoint import CHECKPOINT_FILE, FileStore
 
-            raise missing_extra("kube", "--actuator kube") from e
+    try:
+        cluster = LocalCluster.attach(args.root or DEFAULT_ROOT)
+    except LocalClusterError as e:
+        raise _Usage(str(e)) from None
+    if not cluster.dashboard_url:
+        raise _Usage("the local cluster runs without a dashboard (needed for Serve's API)")
+    local = LocalActuator(cluster, LocalActuatorConfig(default_launch_delay_s=args.launch_delay,
+                                                       max_worker_nodes=args.max_nodes))
+    for note in local.recover(time.time()):
+        print(f"recover: {note}", flush=True)
+    store = None if args.checkpoint == "none" else FileStore(args.checkpoint or Path(cluster.root) / CHECKPOINT_FILE)
+    return _Wiring(local, cluster.dashboard_url, cluster.address, store=store)
 
-        from rayscale.cluster.kube.actuator import KubeActuator, KubeActuatorConfig
 
-        if not args.dashboard:
-            print("error: --dashboard is required with --actuator kube", file=sys.stderr)
-            return 2
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        dashboard = args.dashboard
-        address = args.ray_address or ray_client_address(dashboard, args.ray_client_port)
-        from rayscale.cluster.ray_drain import KUBERAY_GCS, GcsDrainer
+def _kube_wiring(args: argparse.Namespace, cat: Catalog, settings: Settings) -> _Wiring:
+    """Karpenter and KubeRay through the API server, the Lease that picks the acting replica and the
+    ConfigMap checkpoint."""
+    try:
+        from kubernetes import client, config
+    except ImportError as e:
+        from rayscale.extras import missing_extra
 
-        drainer = None if args.ray_gcs == "none" else GcsDrainer(args.ray_gcs or KUBERAY_GCS, args.namespace)
-        actuator = KubeActuator(cat, client.ApiClient(),
-                                KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
-                                                   rayservice=args.rayservice,
-                                                   twin_backoff_s=settings.act.backoff_s), drainer=drainer)
-        from rayscale.cluster.kube.lease import LeaderElection
+        raise missing_extra("kube", "--actuator kube") from e
+    from rayscale.cluster.kube.actuator import KubeActuator, KubeActuatorConfig
+    from rayscale.cluster.kube.checkpoint import ConfigMapStore
+    from rayscale.cluster.kube.lease import LeaderElection
+    from rayscale.cluster.ray_drain import KUBERAY_GCS, GcsDrainer
 
-        identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
-        leader = LeaderElection(client.CoordinationV1Api(client.ApiClient()), args.namespace, identity).hold
-        if args.checkpoint != "none":
-            from rayscale.cluster.kube.checkpoint import ConfigMapStore
+    if not args.dashboard:
+        raise _Usage("--dashboard is required with --actuator kube")
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    drainer = None if args.ray_gcs == "none" else GcsDrainer(args.ray_gcs or KUBERAY_GCS, args.namespace)
+    actuator = KubeActuator(cat, client.ApiClient(),
+                            KubeActuatorConfig(namespace=args.namespace, raycluster=args.raycluster,
+                                               rayservice=args.rayservice, twin_backoff_s=settings.act.backoff_s),
+                            drainer=drainer)
+    identity = os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    leader = LeaderElection(client.CoordinationV1Api(client.ApiClient()), args.namespace, identity).hold
+    store = None if args.checkpoint == "none" else ConfigMapStore(
+        client.CoreV1Api(client.ApiClient()), args.namespace, **({"name": args.checkpoint} if args.checkpoint else {}))
+    address = args.ray_address or ray_client_address(args.dashboard, args.ray_client_port)
+    return _Wiring(actuator, args.dashboard, address, leader, store)
 
-            store = ConfigMapStore(client.CoreV1Api(client.ApiClient()), args.namespace,
-                                   **({"name": args.checkpoint} if args.checkpoint else {}))
+
+def _run_loop(args: argparse.Namespace, cat: Catalog, settings: Settings, wiring: _Wiring,
+              term: threading.Event) -> None:
+    """The controller on ``wiring`` until ``--duration``, SIGTERM or Ctrl-C; closes what it opened."""
+    import logging
+
+    import ray
+
+    from rayscale.controller.loop import Controller, ControllerConfig, record_line
+    from rayscale.controller.metrics import ControllerMetrics
+    from rayscale.controller.serve_client import ServeClient
+    from rayscale.serve.weights import set_flavor_weights
+    from rayscale.signals.scrape import MetricsScraper
+
     follow = args.actuator == "kube" and args.rayservice is not None and not args.ray_address
     if not follow:
-        ray.init(address=address, logging_level=logging.ERROR)
-    serve_client, scraper = ServeClient(dashboard), MetricsScraper(_connected_endpoints)
-    ctl = Controller(cat, actuator, serve_client, scraper,
+        ray.init(address=wiring.address, logging_level=logging.ERROR)
+    serve_client, scraper = ServeClient(wiring.dashboard), MetricsScraper(_connected_endpoints)
+    ctl = Controller(cat, wiring.actuator, serve_client, scraper,
                      ControllerConfig(settings, app_name=args.app, decision_log=Path(args.decision_log),
-                                      state_store=store),
-                     weights_sink=set_flavor_weights, leader=leader)
+                                      state_store=wiring.store),
+                     weights_sink=set_flavor_weights, leader=wiring.leader)
     if follow:  # a RayService's cluster changes at every upgrade: the Ray driver follows Serve there
         ctl.on_serve_moved(lambda url: reconnect_ray(url, args.ray_client_port))
-    from rayscale.controller.metrics import ControllerMetrics
-
     # On Kubernetes the driver is a Ray Client (no core worker here to record Ray metrics through): the
     # Prometheus endpoint is what the cluster scrapes.
     metrics = ControllerMetrics(cat, port=None if args.metrics_port < 0 else args.metrics_port,
@@ -178,14 +202,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        actuator.close()
+        wiring.actuator.close()
         serve_client.close()
         scraper.close()
         ray.shutdown()
-    if term.is_set():
-        print("rayscale controller: SIGTERM: stopped after the current period, closed the actuator; "
-              "gangs and replicas left running", flush=True)
-    return 0
 
 
 def _connected_endpoints() -> list[str]:

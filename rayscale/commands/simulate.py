@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 from rayscale.commands.settings_args import add_settings_args, settings_from_args
 
 if TYPE_CHECKING:
-    from rayscale.core.catalog import RequestMixSpec
+    from rayscale.core.catalog import Catalog, RequestMixSpec
+    from rayscale.core.settings import Settings
+    from rayscale.sim.simulator import SimConfig
     from rayscale.sim.trace import Trace
 
 POLICY_CHOICES = ("rayscale", "stock", "static-best", "clairvoyant", "fluid-bound", "static-peak", "oracle", "all")
@@ -52,6 +54,16 @@ def register(sub: Any) -> None:
     p.add_argument("--stock-target", type=float, default=None, metavar="X",
                    help="the stock policy's target_ongoing_requests (max_ongoing_requests 2x); default: 75%% of "
                         "one replica's concurrency at the SLO on its flavor. A sweep draws a cost-vs-SLO curve")
+    _add_traffic_args(p)
+    _add_engine_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object per policy")
+    p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def _add_traffic_args(p: argparse.ArgumentParser) -> None:
+    """How the trace is played: scaled, repeated, resampled per seed, warmed up, from which fleet."""
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival times (0.5: twice as fast)")
     p.add_argument("--rate-scale", type=float, default=1.0, help="multiply the request rate")
     p.add_argument("--repeat", type=int, default=1, help="play the trace this many times back to back")
@@ -68,6 +80,10 @@ def register(sub: Any) -> None:
                         "footing, as a bound must be (default). --no-same-start: each policy starts from its own "
                         "fleet, the hindsight baselines from the one they size for the whole trace")
     p.add_argument("--seed", type=int, default=0)
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The simulated engines: tick, declared request mix, prefill contention, engine model and routing."""
     p.add_argument("--tick", type=float, default=None, help="engine tick, seconds (default 0.25)")
     p.add_argument("--request-mix", metavar="trace|PROMPT,OUTPUT[,PROMPT_P95]",
                    help="declare the model's expected request shape, as models.yaml's request_mix: it sizes the "
@@ -84,10 +100,6 @@ def register(sub: Any) -> None:
                    help="flavor-weights (as rayscale's ingress: a flavor drawn by its routing weight, then that "
                         "flavor's least-loaded replica; the default) or least-loaded (one queue, each request to "
                         "the least-loaded replica of any flavor; the iteration engine's only routing)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per policy")
-    p.add_argument("--plot", metavar="PNG", help="write load, replicas, latency and cost over time")
-    p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,48 +113,59 @@ def run(args: argparse.Namespace) -> int:
     return run_single(args)
 
 
-def run_single(args: argparse.Namespace) -> int:
+def _single_setup(args: argparse.Namespace) -> tuple[Settings, Catalog, Trace, SimConfig]:
+    """The settings, catalog, trace and simulator configuration ``args`` name; CatalogError, TraceSpecError,
+    TraceFormatError or ValueError naming the flag that is wrong."""
     from dataclasses import replace
 
     from rayscale.config import load_catalog
     from rayscale.core.catalog import CatalogError
     from rayscale.sim.baselines import on_demand_only
     from rayscale.sim.engine import EngineConfig
-    from rayscale.sim.policies import POLICIES, StockConfig, make_policy
-    from rayscale.sim.simulator import SimConfig, simulate
-    from rayscale.sim.sources import TraceSpecError, load_spec, with_warmup_draw
-    from rayscale.sim.trace import TraceFormatError
+    from rayscale.sim.simulator import SimConfig
+    from rayscale.sim.sources import load_spec, with_warmup_draw
 
     # --model (shared with `plan`) names the simulated model; default: the project's default model.
     model = args.only_models[0] if args.only_models else "mistral-7b"
-    try:
-        settings = settings_from_args(args)
-        cat = load_catalog(args.models, args.flavors, args.profiles)
+    settings = settings_from_args(args)
+    cat = load_catalog(args.models, args.flavors, args.profiles)
+    if model not in cat.models:
+        raise CatalogError(f"--model: unknown model {model!r}; allowed: {sorted(cat.models)}")
+    if args.only_flavors:
+        cat = cat.subset(None, args.only_flavors)
         if model not in cat.models:
-            raise CatalogError(f"--model: unknown model {model!r}; allowed: {sorted(cat.models)}")
-        if args.only_flavors:
-            cat = cat.subset(None, args.only_flavors)
-            if model not in cat.models:
-                raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
-        if args.warmup == "draw":  # steady state warmed up on other arrivals of the same traffic
-            trace, warmup = with_warmup_draw(args.trace, args.seed, args.time_scale, args.rate_scale)
-        else:
-            trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat, args.resample)
-            warmup = _warmup(args.warmup, trace, args.repeat)
-        if args.request_mix is not None:
-            cat = cat.with_request_mix(model, request_mix_arg(args.request_mix, trace))
-        if args.on_demand_only:
-            cat = on_demand_only(cat)
+            raise CatalogError(f"--flavor {args.only_flavors}: model {model} runs on none of them")
+    if args.warmup == "draw":  # steady state warmed up on other arrivals of the same traffic
+        trace, warmup = with_warmup_draw(args.trace, args.seed, args.time_scale, args.rate_scale)
+    else:
+        trace = load_spec(args.trace, args.seed, args.time_scale, args.rate_scale, args.repeat, args.resample)
+        warmup = _warmup(args.warmup, trace, args.repeat)
+    if args.request_mix is not None:
+        cat = cat.with_request_mix(model, request_mix_arg(args.request_mix, trace))
+    if args.on_demand_only:
+        cat = on_demand_only(cat)
+    engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine, routing=args.routing)
+    if args.tick is not None:
+        engine = replace(engine, tick_s=args.tick)
+    cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup,
+                    same_start=args.same_start)
+    if args.spot_interruptions is not None:
+        if args.spot_interruptions < 0:
+            raise ValueError(f"--spot-interruptions must be >= 0, got {args.spot_interruptions}")
+        cfg = replace(cfg, cloud=replace(cfg.cloud, spot_interruptions_per_node_h=args.spot_interruptions))
+    return settings, cat, trace, cfg
+
+
+def run_single(args: argparse.Namespace) -> int:
+    from rayscale.core.catalog import CatalogError
+    from rayscale.sim.policies import POLICIES, StockConfig, make_policy
+    from rayscale.sim.simulator import simulate
+    from rayscale.sim.sources import TraceSpecError
+    from rayscale.sim.trace import TraceFormatError
+
+    try:
+        settings, cat, trace, cfg = _single_setup(args)
         stock = StockConfig(target_ongoing_requests=args.stock_target)
-        engine = EngineConfig(prefill_contention=args.prefill_contention, model=args.engine, routing=args.routing)
-        if args.tick is not None:
-            engine = replace(engine, tick_s=args.tick)
-        cfg = SimConfig(model=model, seed=args.seed, settings=settings, engine=engine, warmup_s=warmup,
-                        same_start=args.same_start)
-        if args.spot_interruptions is not None:
-            if args.spot_interruptions < 0:
-                raise ValueError(f"--spot-interruptions must be >= 0, got {args.spot_interruptions}")
-            cfg = replace(cfg, cloud=replace(cfg.cloud, spot_interruptions_per_node_h=args.spot_interruptions))
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -184,31 +184,7 @@ class Controller:
             notes += self._restore(t0, errors)
 
         s = time.perf_counter()
-        scrape = self.scraper.scrape(t0)
-        errors += self.scraper.errors
-        signals = aggregate(self._remember(scrape, t0), t0, cfg.window_s, cfg.stale_after_s,
-                            self.catalog.models, fast_window_s=cfg.fast_window_s,
-                            mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s,
-                            slo_targets={m: (spec.slo.ttft_p95_s, spec.slo.tpot_p95_s)
-                                         for m, spec in self.catalog.models.items()})
-        signals = {m: self._with_arrivals(sig) for m, sig in signals.items()}
-        gangs = self.actuator.gangs(t0)
-        moved_to = self.actuator.serve_dashboard()
-        if moved_to and moved_to != self._followed:
-            self.serve.point_at(moved_to)
-            try:
-                for fn in self._on_moved:
-                    fn(moved_to)
-                self._followed = moved_to
-            except Exception as e:  # a head not up yet: the next period tries again
-                errors.append(f"following the driven cluster to {moved_to}: {e}")
-        serve = self.serve.snapshot()
-        if not serve.ok:
-            errors.append(serve.error)
-        if serve.ok:
-            gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
-        else:
-            errors.append("act skipped: Serve state unknown, nothing is changed")
+        signals, gangs, serve = self._observe(t0, errors)
         dur["observe"] = (time.perf_counter() - s) * 1000
 
         s = time.perf_counter()
@@ -241,6 +217,41 @@ class Controller:
         )
         self._publish(rec)
         return rec
+
+    def _observe(self, t0: float, errors: list[str]) -> tuple[dict[str, ModelSignals], list[Gang], ServeSnapshot]:
+        """The period's signals, gangs (each with the replicas Serve runs on its nodes) and Serve's state;
+        what failed is appended to ``errors``."""
+        cfg = self.config.settings
+        scrape = self.scraper.scrape(t0)
+        errors += self.scraper.errors
+        signals = aggregate(self._remember(scrape, t0), t0, cfg.window_s, cfg.stale_after_s,
+                            self.catalog.models, fast_window_s=cfg.fast_window_s,
+                            mix_min_requests=cfg.mix_min_requests, mix_max_s=cfg.mix_max_s,
+                            slo_targets={m: (spec.slo.ttft_p95_s, spec.slo.tpot_p95_s)
+                                         for m, spec in self.catalog.models.items()})
+        signals = {m: self._with_arrivals(sig) for m, sig in signals.items()}
+        gangs = self.actuator.gangs(t0)
+        self._follow_serve(errors)
+        serve = self.serve.snapshot()
+        if not serve.ok:
+            errors.append(serve.error)
+        if serve.ok:
+            gangs = [replace(g, serving=sum(serve.per_node.get(n, 0) for n in g.node_ids)) for g in gangs]
+        else:
+            errors.append("act skipped: Serve state unknown, nothing is changed")
+        return signals, gangs, serve
+
+    def _follow_serve(self, errors: list[str]) -> None:
+        """Serve read from the cluster the actuator drives now (a RayService's cut-over), and the listeners told."""
+        moved_to = self.actuator.serve_dashboard()
+        if moved_to and moved_to != self._followed:
+            self.serve.point_at(moved_to)
+            try:
+                for fn in self._on_moved:
+                    fn(moved_to)
+                self._followed = moved_to
+            except Exception as e:  # a head not up yet: the next period tries again
+                errors.append(f"following the driven cluster to {moved_to}: {e}")
 
     def _publish(self, rec: DecisionRecord) -> None:
         self.records.append(rec)

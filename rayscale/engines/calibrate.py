@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -474,11 +474,42 @@ async def measure(
     (:func:`prefill_batch_iteration`), on an otherwise idle engine."""
     t0 = time.perf_counter()
     limits = engine_limits(engine)
-    vocab = int(engine.model_config.get_vocab_size())
-    rng = np.random.default_rng(plan.seed)
-    timeout = plan.request_timeout_s
-    say = progress or (lambda _m: None)
-    max_prompt = int(engine.model_config.max_model_len) - 1
+    run = _Run(engine, plan, np.random.default_rng(plan.seed), int(engine.model_config.get_vocab_size()),
+               progress or (lambda _m: None))
+    lens = _checked_lengths(plan, limits, int(engine.model_config.max_model_len) - 1)
+    # Warm-up: first calls allocate buffers and fill caches; the longest prompt and a batch at least once.
+    for i in range(plan.warmup_requests):
+        await run.request(lens[-1 - i % len(lens)], 8)
+    if plan.warmup_requests:
+        await asyncio.gather(*(run.request(16, 8) for _ in range(max(plan.batch_sizes))))
+    samples = Samples(limits=limits)
+    await _prefill_rounds(run, lens, samples)
+    await _decode_rounds(run, samples)
+    await _prefill_batch_rounds(run, samples)
+    samples.wall_s = time.perf_counter() - t0
+    return samples
+
+
+@dataclass
+class _Run:
+    """One calibration's engine, plan, random prompts and progress line."""
+
+    engine: AsyncLLM
+    plan: CalibrationPlan
+    rng: np.random.Generator
+    vocab: int
+    say: Callable[[str], None]
+
+    def prompt(self, tokens: int) -> list[int]:
+        return random_prompt(self.rng, tokens, self.vocab)
+
+    def request(self, prompt_tokens: int, output_tokens: int) -> Coroutine[Any, Any, list[tuple[float, int]]]:
+        """A request on a new random prompt, drawn now (not when it is awaited: the draws keep their order)."""
+        return stream_request(self.engine, self.prompt(prompt_tokens), output_tokens, self.plan.request_timeout_s)
+
+
+def _checked_lengths(plan: CalibrationPlan, limits: EngineLimits, max_prompt: int) -> list[int]:
+    """The plan's prompt lengths that fit ``max_prompt``; ValueError where the plan does not fit the engine."""
     lens = [p for p in plan.prompt_lens if p <= max_prompt]
     if not lens:
         raise ValueError(f"every prompt length in {plan.prompt_lens} exceeds max_model_len - 1 = {max_prompt}")
@@ -494,49 +525,52 @@ async def measure(
         raise ValueError(f"{kmax} prompts of {n_pb} tokens and the blocker's decode do not fit one iteration "
                          f"(max_num_batched_tokens {limits.max_num_batched_tokens}, max_num_seqs "
                          f"{limits.max_num_seqs})")
+    return lens
 
-    # Warm-up: first calls allocate buffers and fill caches; the longest prompt and a batch at least once.
-    for i in range(plan.warmup_requests):
-        await stream_request(engine, random_prompt(rng, lens[-1 - i % len(lens)], vocab), 8, timeout)
-    if plan.warmup_requests:
-        await asyncio.gather(*(stream_request(engine, random_prompt(rng, 16, vocab), 8, timeout)
-                               for _ in range(max(plan.batch_sizes))))  # fmt: skip
 
-    samples = Samples(limits=limits)
-    # One token: TTFT is the whole request, and nothing else runs meanwhile (batch 1).
+async def _prefill_rounds(run: _Run, lens: list[int], samples: Samples) -> None:
+    """One token per request: TTFT is the whole request, and nothing else runs meanwhile (batch 1)."""
+    plan = run.plan
     for rep in range(plan.prefill_repeats):
         for p in lens:
-            prompt = random_prompt(rng, p, vocab)
+            prompt = run.prompt(p)
             await asyncio.sleep(plan.prefill_gap_s)
             t_send = time.perf_counter()
-            stamps = await stream_request(engine, prompt, 1, timeout)
+            stamps = await stream_request(run.engine, prompt, 1, plan.request_timeout_s)
             samples.ttft.append((p, stamps[0][0] - t_send))
-        say(f"prefill round {rep + 1}/{plan.prefill_repeats}")
+        run.say(f"prefill round {rep + 1}/{plan.prefill_repeats}")
+
+
+async def _decode_rounds(run: _Run, samples: Samples) -> None:
+    """Steady inter-token latency at each batch size, the sizes interleaved round by round: a burst of load
+    from elsewhere hits them all alike."""
+    plan = run.plan
     rounds = {b: max(plan.itl_repeats, -(-plan.itl_min_samples // b)) for b in plan.batch_sizes}
     for rep in range(max(rounds.values())):
-        # Batch sizes interleaved round by round: a burst of load from elsewhere hits them all alike.
         for b in plan.batch_sizes:
             if rep >= rounds[b]:
                 continue
-            streams = await asyncio.gather(*(
-                stream_request(engine, random_prompt(rng, plan.itl_prompt_tokens, vocab), plan.itl_output_tokens,
-                               timeout)
-                for _ in range(b)))  # fmt: skip
+            streams = await asyncio.gather(*(run.request(plan.itl_prompt_tokens, plan.itl_output_tokens)
+                                             for _ in range(b)))
             samples.itl += [(b, x) for x in steady_itl(streams)]
-        say(f"decode round {rep + 1}/{max(rounds.values())}")
-    # With warm-up, one round more, not kept: the first round after the decode rounds came out ~2-7 ms slow
-    # at every k on the tiny model.
-    first = -1 if plan.warmup_requests else 0
-    for rep in range(first, plan.prefill_batch_repeats):
-        for k in plan.prefill_batch_sizes:  # interleaved, as the decode rounds
-            blocker = random_prompt(rng, plan.blocker_prompt_tokens, vocab)
-            prompts = [random_prompt(rng, n_pb, vocab) for _ in range(k)]
+        run.say(f"decode round {rep + 1}/{max(rounds.values())}")
+
+
+async def _prefill_batch_rounds(run: _Run, samples: Samples) -> None:
+    """The iteration that prefills k prompts beside a blocker's decode token (prefill_batch_iteration), the
+    k interleaved as the decode rounds. With warm-up, one round more, not kept: the first round after the
+    decode rounds came out ~2-7 ms slow at every k on the tiny model."""
+    plan, timeout = run.plan, run.plan.request_timeout_s
+    for rep in range(-1 if plan.warmup_requests else 0, plan.prefill_batch_repeats):
+        for k in plan.prefill_batch_sizes:
+            blocker = run.prompt(plan.blocker_prompt_tokens)
+            prompts = [run.prompt(plan.prefill_batch_prompt_tokens) for _ in range(k)]
             last: list[Any] = [None] * (k + 1)  # each request's latest RequestOutput
             await asyncio.sleep(plan.prefill_gap_s)
-            tb = asyncio.create_task(stream_request(engine, blocker, 2, timeout, partial(last.__setitem__, 0)))
+            tb = asyncio.create_task(stream_request(run.engine, blocker, 2, timeout, partial(last.__setitem__, 0)))
             await asyncio.sleep(plan.blocker_lead_s)
             # Tasks start in order and each submits before its first real wait: no await between the k.
-            tk = [asyncio.create_task(stream_request(engine, p, 1, timeout, partial(last.__setitem__, i + 1)))
+            tk = [asyncio.create_task(stream_request(run.engine, p, 1, timeout, partial(last.__setitem__, i + 1)))
                   for i, p in enumerate(prompts)]
             await asyncio.gather(tb, *tk)
             (b1, b2), *ts = (_engine_token_times(o) for o in last)
@@ -547,10 +581,8 @@ async def measure(
                 samples.prefill_batch_dropped.append((k, r))
             else:
                 samples.prefill_batch.append((k, r))
-        say(f"prefill-batch round {rep + 1}/{plan.prefill_batch_repeats} "  # 0: the warm-up round
-            f"({len(samples.prefill_batch_dropped)} rounds dropped so far)")
-    samples.wall_s = time.perf_counter() - t0
-    return samples
+        run.say(f"prefill-batch round {rep + 1}/{plan.prefill_batch_repeats} "  # 0: the warm-up round
+                f"({len(samples.prefill_batch_dropped)} rounds dropped so far)")
 
 
 def calibrated_profile(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from rayscale.engines.emulated import (
@@ -117,73 +118,76 @@ class EmulatedLLMServer:
         except EngineOverloaded as e:
             yield error_body(str(e), 400, "BadRequestError", "max_tokens")
             return
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
-        stream = bool(_get(request, "stream"))
+        reply = _Reply(f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), self.model_name,
+                       self.fingerprint, chat, prompt_tokens)
         gen = self.engine.generate(prompt_tokens, max_tokens)
-        if not stream:
-            parts: list[str] = []
-            done = 0
-            finish = "length"
-            async for ch in gen:
-                parts.append(ch.text)
-                done += ch.num_tokens
-                finish = ch.finish_reason or finish
-            text = "".join(parts)
-            choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
-            if chat:
-                choice["message"] = {"role": "assistant", "content": text}
-            else:
-                choice["text"] = text
-            yield {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": self.model_name,
-                "system_fingerprint": self.fingerprint,
-                "choices": [choice],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": done,
-                    "total_tokens": prompt_tokens + done,
-                },
-            }
+        if not _get(request, "stream"):
+            yield await reply.whole(gen)
             return
-        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         include_usage = bool(_get(_get(request, "stream_options") or {}, "include_usage", False))
+        async for lines in reply.streamed(gen, include_usage):
+            yield lines
 
-        def chunk(ch: TokenChunk | None, first: bool = False) -> str:
-            if chat:
-                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
-                if ch is not None:
-                    delta["content"] = ch.text
-                c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
-            else:
-                c = {"index": 0, "text": ch.text if ch else "", "finish_reason": None, "logprobs": None}
-            if ch is not None and ch.finish_reason:
-                c["finish_reason"] = ch.finish_reason
-            return _sse(
-                {"id": rid, "object": chunk_obj, "created": created, "model": self.model_name,
-                 "system_fingerprint": self.fingerprint, "choices": [c]}
-            )  # fmt: skip
 
+@dataclass(frozen=True)
+class _Reply:
+    """One completion's OpenAI response body (``whole``) or server-sent events (``streamed``), shaped as
+    vLLM's OpenAI server writes them."""
+
+    id: str
+    created: int
+    model: str
+    fingerprint: str
+    chat: bool
+    prompt_tokens: int
+
+    def usage(self, done: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": done,
+                "total_tokens": self.prompt_tokens + done}
+
+    async def whole(self, gen: AsyncIterator[TokenChunk]) -> dict[str, Any]:
+        parts: list[str] = []
         done = 0
-        if chat:
-            yield [chunk(None, first=True)]
+        finish = "length"
+        async for ch in gen:
+            parts.append(ch.text)
+            done += ch.num_tokens
+            finish = ch.finish_reason or finish
+        text = "".join(parts)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
+                "choices": [choice], "usage": self.usage(done)}
+
+    async def streamed(self, gen: AsyncIterator[TokenChunk], include_usage: bool) -> AsyncIterator[list[str]]:
+        done = 0
+        if self.chat:
+            yield [self._chunk(None, first=True)]
         async for ch in gen:
             done += ch.num_tokens
-            yield [chunk(ch)]
+            yield [self._chunk(ch)]
         if include_usage:
-            usage = {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": done,
-                "total_tokens": prompt_tokens + done,
-            }
-            yield [
-                _sse(
-                    {"id": rid, "object": chunk_obj, "created": created, "model": self.model_name,
-                     "choices": [], "usage": usage}
-                )
-            ]  # fmt: skip
+            yield [_sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
+                         "choices": [], "usage": self.usage(done)})]
         yield ["data: [DONE]\n\n"]
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def _chunk(self, ch: TokenChunk | None, first: bool = False) -> str:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if ch is not None:
+                delta["content"] = ch.text
+            c: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
+        else:
+            c = {"index": 0, "text": ch.text if ch else "", "finish_reason": None, "logprobs": None}
+        if ch is not None and ch.finish_reason:
+            c["finish_reason"] = ch.finish_reason
+        return _sse({"id": self.id, "object": self._chunk_object, "created": self.created, "model": self.model,
+                     "system_fingerprint": self.fingerprint, "choices": [c]})

@@ -358,12 +358,7 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
     """
     ok = [s for s in scrapes if s.ok]
     views = ingress_views(ok, now, window_s, stale_after_s, fast_window_s)
-    last_seen: dict[str, float] = {}
-    for s in ok:
-        for (name, lbls) in s.series:
-            m = _label(lbls, "model")
-            if m and name.startswith(P):
-                last_seen[m] = max(last_seen.get(m, -math.inf), s.t)
+    last_seen = _last_seen(ok)
     win = [s for s in ok if s.t >= now - window_s]
     out: dict[str, ModelSignals] = {}
     all_models = set(models) | set(last_seen) | set(views)
@@ -373,7 +368,53 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
             age = now - last_seen[m] if m in last_seen else None
             out[m] = _with_ingress(ModelSignals(m, fresh, age), views.get(m))
         return out
-    first, last = win[0], win[-1]
+    per_model, per_flavor = _accumulated(win[0], win[-1])
+    busiest = _busiest(win)
+    for m in all_models:
+        age = now - last_seen[m] if m in last_seen else None
+        if age is None or age > stale_after_s:
+            fresh = Freshness.MISSING if age is None else Freshness.STALE
+            out[m] = _with_ingress(ModelSignals(m, fresh, age), views.get(m))
+            continue
+        a = per_model.get(m, _Acc())
+        arrivals = arrival_rate(win[0], win[-1], m)
+        if fast_window_s is not None:
+            recent = [s for s in win if s.t <= win[-1].t - fast_window_s]
+            if recent and recent[-1] is not win[0]:
+                arrivals = max(arrivals, arrival_rate(recent[-1], win[-1], m))
+        view = views.get(m)
+        finished = a.counters.get(TPOT + "_count")
+        met = None
+        if slo_targets and m in slo_targets and finished:
+            ttft_buckets = (view.client_ttft_buckets if view and view.client_ttft_buckets
+                            else a.buckets.get(TTFT, {}))
+            met = met_share(ttft_buckets, a.buckets.get(TPOT, {}), slo_targets[m])
+        out[m] = _with_ingress(ModelSignals(
+            model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals,
+            mix=_mix_span(ok, win[0], win[-1], m, mix_min_requests, mix_max_s),
+            waiting=sum(a.gauges.get(WAITING, [])), running=sum(a.gauges.get(RUNNING, [])),
+            ttft_p95_s=histogram_quantile(0.95, a.buckets.get(TTFT, {})),
+            tpot_p95_s=histogram_quantile(0.95, a.buckets.get(TPOT, {})),
+            kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=_flavor_observations(m, per_flavor, busiest),
+            prefix_hit_rate=prefix_hit_rate(a.counters), finished=finished if met is not None else None, slo_met=met,
+        ), view)
+    return out
+
+
+def _last_seen(ok: Sequence[Scrape]) -> dict[str, float]:
+    """Per model, the time of the newest scrape that carried one of its engines' series."""
+    last_seen: dict[str, float] = {}
+    for s in ok:
+        for (name, lbls) in s.series:
+            m = _label(lbls, "model")
+            if m and name.startswith(P):
+                last_seen[m] = max(last_seen.get(m, -math.inf), s.t)
+    return last_seen
+
+
+def _accumulated(first: Scrape, last: Scrape) -> tuple[dict[str, _Acc], dict[tuple[str, str], _Acc]]:
+    """The engines' series between the window's first and last scrape, per model and per (model, flavor):
+    histogram buckets and counters as increases, gauges as the last scrape's values."""
     per_model: dict[str, _Acc] = defaultdict(_Acc)
     per_flavor: dict[tuple[str, str], _Acc] = defaultdict(_Acc)
     for (name, lbls), v in last.series.items():
@@ -396,7 +437,12 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
         else:
             for acc in accs:
                 acc.gauges[name].append(v)
-    # Each replica's running sequences over the window's scrapes (the batch its requests decoded at).
+    return per_model, per_flavor
+
+
+def _busiest(win: Sequence[Scrape]) -> dict[tuple[str, str], float]:
+    """Per (model, flavor), the largest of its replicas' mean running sequences over the window's scrapes
+    (the batch its requests decoded at)."""
     running_of: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for s in win:
         for (name, lbls), v in s.series.items():
@@ -405,57 +451,32 @@ def aggregate(scrapes: Sequence[Scrape], now: float, window_s: float = 30.0, sta
     busiest: dict[tuple[str, str], float] = {}
     for (m, f, _), vs in running_of.items():
         busiest[(m, f)] = max(busiest.get((m, f), 0.0), sum(vs) / len(vs))
-    for m in all_models:
-        age = now - last_seen[m] if m in last_seen else None
-        if m not in last_seen:
-            out[m] = _with_ingress(ModelSignals(m, Freshness.MISSING), views.get(m))
+    return busiest
+
+
+def _flavor_observations(model: str, per_flavor: Mapping[tuple[str, str], _Acc],
+                         busiest: Mapping[tuple[str, str], float]) -> dict[str, FlavorObservation]:
+    """What each flavor serving ``model`` reports over the window (the corrections' input)."""
+    flav = {}
+    for (m, f), fa in per_flavor.items():
+        if m != model or not f:
             continue
-        if age is not None and age > stale_after_s:
-            out[m] = _with_ingress(ModelSignals(m, Freshness.STALE, age), views.get(m))
-            continue
-        a = per_model.get(m, _Acc())
-        waiting_now = sum(a.gauges.get(WAITING, []))
-        arrivals = arrival_rate(first, last, m)
-        if fast_window_s is not None:
-            recent = [s for s in win if s.t <= last.t - fast_window_s]
-            if recent and recent[-1] is not first:
-                arrivals = max(arrivals, arrival_rate(recent[-1], last, m))
-        mix = _mix_span(ok, first, last, m, mix_min_requests, mix_max_s)
-        flav = {}
-        for (mm, f), fa in per_flavor.items():
-            if mm != m or not f:
-                continue
-            n = len(fa.replicas)
-            fs = fa.counters.get(TTFT + "_count", 0.0)
-            pn = fa.counters.get(PREFILL + "_count", 0.0)
-            flav[f] = FlavorObservation(
-                replicas=n,
-                running_per_replica=sum(fa.gauges.get(RUNNING, [])) / n if n else None,
-                running_max_replica=busiest.get((m, f)),
-                ttft_p95_s=histogram_quantile(0.95, fa.buckets.get(TTFT, {})),
-                tpot_p95_s=histogram_quantile(0.95, fa.buckets.get(TPOT, {})),
-                prompt_mean=fa.counters.get(PROMPT, 0.0) / fs if fs else None,
-                completed=fa.counters.get(TPOT + "_count", 0.0),
-                # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
-                prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
-                prefix_hit_rate=prefix_hit_rate(fa.counters),
-            )
-        view = views.get(m)
-        finished = a.counters.get(TPOT + "_count")
-        met = None
-        if slo_targets and m in slo_targets and finished:
-            ttft_buckets = (view.client_ttft_buckets if view and view.client_ttft_buckets
-                            else a.buckets.get(TTFT, {}))
-            met = met_share(ttft_buckets, a.buckets.get(TPOT, {}), slo_targets[m])
-        out[m] = _with_ingress(ModelSignals(
-            model=m, freshness=Freshness.FRESH, age_s=age, arrival_rate_rps=arrivals, mix=mix,
-            waiting=waiting_now, running=sum(a.gauges.get(RUNNING, [])),
-            ttft_p95_s=histogram_quantile(0.95, a.buckets.get(TTFT, {})),
-            tpot_p95_s=histogram_quantile(0.95, a.buckets.get(TPOT, {})),
-            kv_usage=max(a.gauges.get(KV, [0.0])), per_flavor=flav, prefix_hit_rate=prefix_hit_rate(a.counters),
-            finished=finished if met is not None else None, slo_met=met,
-        ), view)
-    return out
+        n = len(fa.replicas)
+        fs = fa.counters.get(TTFT + "_count", 0.0)
+        pn = fa.counters.get(PREFILL + "_count", 0.0)
+        flav[f] = FlavorObservation(
+            replicas=n,
+            running_per_replica=sum(fa.gauges.get(RUNNING, [])) / n if n else None,
+            running_max_replica=busiest.get((m, f)),
+            ttft_p95_s=histogram_quantile(0.95, fa.buckets.get(TTFT, {})),
+            tpot_p95_s=histogram_quantile(0.95, fa.buckets.get(TPOT, {})),
+            prompt_mean=fa.counters.get(PROMPT, 0.0) / fs if fs else None,
+            completed=fa.counters.get(TPOT + "_count", 0.0),
+            # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
+            prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
+            prefix_hit_rate=prefix_hit_rate(fa.counters),
+        )
+    return flav
 
 
 def exposition_of(text: str, prefix: str | tuple[str, ...]) -> str:

@@ -665,106 +665,124 @@ class Cluster:
             self._stopped.clear()
 
     def _handle(self, t: float, kind: str, obj: int) -> None:
-        if kind == "batch":
-            if self._batch_open is None or self._batch_last is None:
-                return
-            close = min(self._batch_open + self.act.batch_max_s, self._batch_last + self.act.batch_idle_s)
-            if t + 1e-9 < close:
-                return  # a later pod extended the window; its own event closes it
-            batch, self._batch, self._batch_open, self._batch_last = self._batch, [], None, None
-            for gid in batch:
-                g = self.gangs.get(gid)
-                if g is not None:
-                    self._launch(g, t)
-        elif kind == "launch":
-            g = self.gangs.get(obj)
+        """One event of the queue: ``kind`` names the ``_on_<kind>`` handler, ``obj`` the node, gang, replica
+        or reclaim it is about."""
+        getattr(self, f"_on_{kind}")(t, obj)
+
+    def _on_batch(self, t: float, obj: int) -> None:
+        if self._batch_open is None or self._batch_last is None:
+            return
+        close = min(self._batch_open + self.act.batch_max_s, self._batch_last + self.act.batch_idle_s)
+        if t + 1e-9 < close:
+            return  # a later pod extended the window; its own event closes it
+        batch, self._batch, self._batch_open, self._batch_last = self._batch, [], None, None
+        for gid in batch:
+            g = self.gangs.get(gid)
             if g is not None:
                 self._launch(g, t)
-        elif kind == "ready":
-            node = self.nodes[obj]
-            if node.t_end is not None or node.gang is None:
-                return
-            node.t_ready = t
-            g = self.gangs.get(node.gang)
-            if g is not None and g.state == GangState.PROVISIONING and all(n.t_ready is not None for n in g.nodes):
-                self._nodes_ready(g, t)
-        elif kind == "live":
-            g = self.gangs.get(obj)
-            if g is not None:
-                self._go_live(g, t)
-        elif kind == "replica_live":
-            r = self.replicas.get(obj)
-            if r is not None:
-                self._replica_live(r, t)
-        elif kind == "replica_drain_timeout":
-            r = self.replicas.get(obj)
-            if r is not None and r.state == GangState.DRAINING:
-                self._replica_drained(r, t)
-        elif kind == "ice":
-            g = self.gangs.get(obj)
-            if g is None or g.state != GangState.PROVISIONING:
-                return
-            assert g.zone is not None
-            self.unavailable[(g.flavor, g.zone, g.capacity_type)] = t + self.cloud.backoff_s
-            for node in g.nodes:  # a gang is all or nothing: give back the nodes that did launch
-                self._release(node, t)
-            g.nodes = []
-            if g.name is not None:  # Karpenter deletes the claim; the controller sees the gang fail
-                g.state, g.failed = GangState.FAILED, f"insufficient capacity in {g.zone}"
-                return
-            g.state = GangState.WAITING
-            self._launch(g, t)  # another zone, or stop if none is left
-        elif kind == "reclaim_wave":
-            rc = self.cloud.reclaims[obj]
-            up = [n for n in self.nodes.values() if n.capacity_type == CapacityType.SPOT.value
-                  and n.t_end is None and n.t_ready is not None and not n.noticed]
-            pools = Counter((n.flavor, n.zone) for n in up)
-            flavor, zone = rc.flavor, rc.zone
-            if rc.largest and pools:
-                (flavor, zone), _ = pools.most_common(1)[0]
-            for node in up:
-                if flavor in (None, node.flavor) and zone in (None, node.zone):
-                    self._handle(t, "notice", node.id)
-        elif kind == "notice":
-            node = self.nodes[obj]
-            if node.t_end is not None or node.noticed:
-                return
-            node.noticed = True
-            self.spot_interruptions += 1
-            self._push(t + self.cloud.spot_notice_s, "reclaim", node.id)
-            g = self.gangs.get(node.gang) if node.gang is not None else None
-            if g is not None and (g.state == GangState.LIVE or any(r.state == GangState.LIVE for r in g.replicas)):
-                self._lost_at.append(t)
-            if g is not None and g.name is not None:
-                g.failed = f"spot interruption notice for {node.id}"
-                if g.state == GangState.READY:
-                    self._unplace(g, t, linger=False)  # its replicas drain until the node goes
-                elif g.state == GangState.PROVISIONING:
-                    self._stop(g, t, linger=False)
-            elif g is not None:
-                if g.state == GangState.LIVE:
-                    g.state = GangState.DRAINING
-                    self._draining.add(g.id)
-                    assert g.engine_rid is not None
-                    self.engine.drain(g.engine_rid)
-                elif g.state in (GangState.PROVISIONING, GangState.STARTING, GangState.READY):
-                    self._stop(g, t, linger=False)
-        elif kind == "reclaim":
-            node = self.nodes[obj]
-            g = self.gangs.get(node.gang) if node.gang is not None else None
-            if g is not None:
-                self._stop(g, t, linger=False)
-                if g.name is not None:
-                    self._place(g.flavor, t)
+
+    def _on_launch(self, t: float, obj: int) -> None:
+        g = self.gangs.get(obj)
+        if g is not None:
+            self._launch(g, t)
+
+    def _on_ready(self, t: float, obj: int) -> None:
+        node = self.nodes[obj]
+        if node.t_end is not None or node.gang is None:
+            return
+        node.t_ready = t
+        g = self.gangs.get(node.gang)
+        if g is not None and g.state == GangState.PROVISIONING and all(n.t_ready is not None for n in g.nodes):
+            self._nodes_ready(g, t)
+
+    def _on_live(self, t: float, obj: int) -> None:
+        g = self.gangs.get(obj)
+        if g is not None:
+            self._go_live(g, t)
+
+    def _on_replica_live(self, t: float, obj: int) -> None:
+        r = self.replicas.get(obj)
+        if r is not None:
+            self._replica_live(r, t)
+
+    def _on_replica_drain_timeout(self, t: float, obj: int) -> None:
+        r = self.replicas.get(obj)
+        if r is not None and r.state == GangState.DRAINING:
+            self._replica_drained(r, t)
+
+    def _on_ice(self, t: float, obj: int) -> None:
+        """Insufficient capacity in the gang's zone: the zone backed off, the nodes that did launch given back."""
+        g = self.gangs.get(obj)
+        if g is None or g.state != GangState.PROVISIONING:
+            return
+        assert g.zone is not None
+        self.unavailable[(g.flavor, g.zone, g.capacity_type)] = t + self.cloud.backoff_s
+        for node in g.nodes:  # a gang is all or nothing: give back the nodes that did launch
             self._release(node, t)
-        elif kind == "drain_timeout":
-            g = self.gangs.get(obj)
-            if g is not None and g.state == GangState.DRAINING:
-                self._drained(g, t)
-        elif kind == "release":
-            node = self.nodes[obj]
-            if node.gang is None:
-                self._release(node, t)
+        g.nodes = []
+        if g.name is not None:  # Karpenter deletes the claim; the controller sees the gang fail
+            g.state, g.failed = GangState.FAILED, f"insufficient capacity in {g.zone}"
+            return
+        g.state = GangState.WAITING
+        self._launch(g, t)  # another zone, or stop if none is left
+
+    def _on_reclaim_wave(self, t: float, obj: int) -> None:
+        """A correlated reclaim: a notice to every running spot node of one flavor and zone (the largest pool)."""
+        rc = self.cloud.reclaims[obj]
+        up = [n for n in self.nodes.values() if n.capacity_type == CapacityType.SPOT.value
+              and n.t_end is None and n.t_ready is not None and not n.noticed]
+        pools = Counter((n.flavor, n.zone) for n in up)
+        flavor, zone = rc.flavor, rc.zone
+        if rc.largest and pools:
+            (flavor, zone), _ = pools.most_common(1)[0]
+        for node in up:
+            if flavor in (None, node.flavor) and zone in (None, node.zone):
+                self._on_notice(t, node.id)
+
+    def _on_notice(self, t: float, obj: int) -> None:
+        """A spot interruption notice: the node goes ``spot_notice_s`` later; its gang stops taking work."""
+        node = self.nodes[obj]
+        if node.t_end is not None or node.noticed:
+            return
+        node.noticed = True
+        self.spot_interruptions += 1
+        self._push(t + self.cloud.spot_notice_s, "reclaim", node.id)
+        g = self.gangs.get(node.gang) if node.gang is not None else None
+        if g is not None and (g.state == GangState.LIVE or any(r.state == GangState.LIVE for r in g.replicas)):
+            self._lost_at.append(t)
+        if g is not None and g.name is not None:
+            g.failed = f"spot interruption notice for {node.id}"
+            if g.state == GangState.READY:
+                self._unplace(g, t, linger=False)  # its replicas drain until the node goes
+            elif g.state == GangState.PROVISIONING:
+                self._stop(g, t, linger=False)
+        elif g is not None:
+            if g.state == GangState.LIVE:
+                g.state = GangState.DRAINING
+                self._draining.add(g.id)
+                assert g.engine_rid is not None
+                self.engine.drain(g.engine_rid)
+            elif g.state in (GangState.PROVISIONING, GangState.STARTING, GangState.READY):
+                self._stop(g, t, linger=False)
+
+    def _on_reclaim(self, t: float, obj: int) -> None:
+        node = self.nodes[obj]
+        g = self.gangs.get(node.gang) if node.gang is not None else None
+        if g is not None:
+            self._stop(g, t, linger=False)
+            if g.name is not None:
+                self._place(g.flavor, t)
+        self._release(node, t)
+
+    def _on_drain_timeout(self, t: float, obj: int) -> None:
+        g = self.gangs.get(obj)
+        if g is not None and g.state == GangState.DRAINING:
+            self._drained(g, t)
+
+    def _on_release(self, t: float, obj: int) -> None:
+        node = self.nodes[obj]
+        if node.gang is None:
+            self._release(node, t)
 
     def snapshot(self, now: float) -> CloudTotals:
         """The books as if closed at ``now``, without closing them (what a warm-up leaves out)."""

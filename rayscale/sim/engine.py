@@ -183,6 +183,27 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, plain: bool,
     prefilling = np.zeros(nr, dtype=np.int64)
     backlog = np.zeros(nr)
     first = np.full(nr, -1.0)  # prefill tokens left of each replica's first prompt (FIFO head)
+    any_pf = _decode_steps(m, nr, contention, p_rep, p_rem, p_tfirst, r_run, r_alpha, r_beta, s, vrate, prefilling,
+                           backlog, first)
+    if contention and any_pf:
+        _prefill_fifo(T, dt, m, nr, plain, p_req, p_rep, p_rem, p_tadm, p_tfirst, r_run, r_R, r_over, r_q, r_seq,
+                      r_chunk, prompt, arr, queue_s, pf_started, s, prefilling, backlog, first, tp, tq, vq)
+    V1 = np.empty(nr)
+    for r in range(nr):
+        V1[r] = r_V[r] + _progress(dt, tp[r], tq[r], vq[r], vrate[r])
+    k = _finish(T, T1, m, p_req, p_rep, p_tfirst, p_vend, r_run, r_kv, r_V, r_flavor, output, kv_req, arr, status,
+                ttft, tpot, t_fin, flavor_of, out_req, out_t, V1, tp, tq, vq, vrate)
+    for r in range(nr):
+        r_V[r] = V1[r]
+    return k
+
+
+@numba.njit(cache=True, nogil=True)
+def _decode_steps(m: int, nr: int, contention: bool, p_rep: I64, p_rem: F64, p_tfirst: F64, r_run: I64, r_alpha: F64,
+                  r_beta: F64, s: F64, vrate: F64, prefilling: I64, backlog: F64, first: F64) -> bool:
+    """Each replica's decode iteration ``s`` and token rate ``vrate`` at this tick's batch; with ``contention``
+    also its prompts waiting to prefill (``prefilling``, their ``backlog`` of tokens and the ``first`` one's).
+    Whether any prompt waits."""
     any_pf = False
     if contention:
         for j in range(m):
@@ -198,52 +219,69 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, plain: bool,
         # waiting queue; their cost is the chunk's).
         s[r] = r_alpha[r] + r_beta[r] * max(r_run[r] - prefilling[r], 1)
         vrate[r] = 1.0 / s[r]
-    if contention and any_pf:
-        head = np.zeros(nr)  # prompt tokens prefilled at the full rate, before anything decodes
-        rho = np.empty(nr)  # then the chunk rate: prompt tokens/s with decodes beside them
-        processed = np.empty(nr)
-        for r in range(nr):
-            if first[r] < 0:
-                continue
-            chunk = r_chunk[r]
-            chunk_rate = chunk / (s[r] + chunk / r_R[r])
-            rho[r] = chunk_rate
-            vq[r] = chunk_rate / chunk
-            if r_run[r] - prefilling[r] <= 0:
-                # Nothing decodes: iterations are all prefill, at the full rate, up to the end of the one
-                # that completes the head prompt (with whatever else fits its chunk). Then that prompt
-                # decodes, and every later iteration carries it beside a chunk.
-                head[r] = min(backlog[r], math.ceil(first[r] / chunk) * chunk, r_R[r] * dt)
-                tp[r] = head[r] / r_R[r]
-            # Every iteration beside a decode carries a chunk (the last one part of one): prompts prefill
-            # at the chunk rate and each decode step waits at most one chunk.
-            processed[r] = head[r] + min(backlog[r] - head[r], chunk_rate * (dt - tp[r]))
-            tq[r] = (processed[r] - head[r]) / chunk_rate
-        # FIFO per replica: the pool is in admission order.
-        cum_r = np.zeros(nr)
-        for j in range(m):
-            if not np.isnan(p_tfirst[j]):
-                continue
-            r = p_rep[j]
-            q = p_req[j]
-            x = p_rem[j]
-            ahead = cum_r[r]  # prompt tokens before this one in its replica's FIFO
-            cum = ahead + x
-            cum_r[r] = cum
-            if ahead <= processed[r] + 1e-6 and not pf_started[q]:
-                queue_s[q] = max(T + _prefilled_at(ahead, head[r], r_R[r], rho[r]), p_tadm[j]) - arr[q]
-                pf_started[q] = True
-            if cum <= processed[r] + 1e-6:
-                p = float(prompt[q])
-                if not plain:
-                    p += r_R[r] * (r_seq[r] + r_q[r] * p * p)
-                p_tfirst[j] = max(T + _prefilled_at(cum, head[r], r_R[r], rho[r]), p_tadm[j] + p / r_R[r]) + r_over[r]
-                p_rem[j] = 0.0
-            else:
-                p_rem[j] = min(x, cum - processed[r])
-    V1 = np.empty(nr)
+    return any_pf
+
+
+@numba.njit(cache=True, nogil=True)
+def _prefill_fifo(T: float, dt: float, m: int, nr: int, plain: bool, p_req: I64, p_rep: I64, p_rem: F64, p_tadm: F64,
+                  p_tfirst: F64, r_run: I64, r_R: F64, r_over: F64, r_q: F64, r_seq: F64, r_chunk: F64, prompt: I64,
+                  arr: F64, queue_s: npt.NDArray[np.float32], pf_started: npt.NDArray[np.bool_], s: F64,
+                  prefilling: I64, backlog: F64, first: F64, tp: F64, tq: F64, vq: F64) -> None:
+    """Chunked prefill over the tick, FIFO per replica (the pool is in admission order): each prompt's
+    queueing time once its prefill starts, its first token's time once it ends, the tokens left of the
+    others; each replica's time prefilling alone (``tp``), then decoding beside chunks (``tq`` at ``vq``)."""
+    head = np.zeros(nr)  # prompt tokens prefilled at the full rate, before anything decodes
+    rho = np.empty(nr)  # then the chunk rate: prompt tokens/s with decodes beside them
+    processed = np.empty(nr)
     for r in range(nr):
-        V1[r] = r_V[r] + _progress(dt, tp[r], tq[r], vq[r], vrate[r])
+        if first[r] < 0:
+            continue
+        chunk = r_chunk[r]
+        chunk_rate = chunk / (s[r] + chunk / r_R[r])
+        rho[r] = chunk_rate
+        vq[r] = chunk_rate / chunk
+        if r_run[r] - prefilling[r] <= 0:
+            # Nothing decodes: iterations are all prefill, at the full rate, up to the end of the one
+            # that completes the head prompt (with whatever else fits its chunk). Then that prompt
+            # decodes, and every later iteration carries it beside a chunk.
+            head[r] = min(backlog[r], math.ceil(first[r] / chunk) * chunk, r_R[r] * dt)
+            tp[r] = head[r] / r_R[r]
+        # Every iteration beside a decode carries a chunk (the last one part of one): prompts prefill
+        # at the chunk rate and each decode step waits at most one chunk.
+        processed[r] = head[r] + min(backlog[r] - head[r], chunk_rate * (dt - tp[r]))
+        tq[r] = (processed[r] - head[r]) / chunk_rate
+    cum_r = np.zeros(nr)
+    for j in range(m):
+        if not np.isnan(p_tfirst[j]):
+            continue
+        r = p_rep[j]
+        q = p_req[j]
+        x = p_rem[j]
+        ahead = cum_r[r]  # prompt tokens before this one in its replica's FIFO
+        cum = ahead + x
+        cum_r[r] = cum
+        if ahead <= processed[r] + 1e-6 and not pf_started[q]:
+            queue_s[q] = max(T + _prefilled_at(ahead, head[r], r_R[r], rho[r]), p_tadm[j]) - arr[q]
+            pf_started[q] = True
+        if cum <= processed[r] + 1e-6:
+            p = float(prompt[q])
+            if not plain:
+                p += r_R[r] * (r_seq[r] + r_q[r] * p * p)
+            p_tfirst[j] = max(T + _prefilled_at(cum, head[r], r_R[r], rho[r]), p_tadm[j] + p / r_R[r]) + r_over[r]
+            p_rem[j] = 0.0
+        else:
+            p_rem[j] = min(x, cum - processed[r])
+
+
+@numba.njit(cache=True, nogil=True)
+def _finish(T: float, T1: float, m: int, p_req: I64, p_rep: I64, p_tfirst: F64, p_vend: F64, r_run: I64, r_kv: I64,
+            r_V: F64, r_flavor: npt.NDArray[np.int16], output: I64, kv_req: I64, arr: F64,
+            status: npt.NDArray[np.int8], ttft: npt.NDArray[np.float32], tpot: npt.NDArray[np.float32], t_fin: F64,
+            flavor_of: npt.NDArray[np.int16], out_req: I64, out_t: F64, V1: F64, tp: F64, tq: F64, vq: F64,
+            vrate: F64) -> int:
+    """Requests decoding on each replica's token clock (``r_V`` now, ``V1`` at the tick's end): a first token
+    in this tick starts one, and those whose last token falls in it finish, leaving tombstones in the pool.
+    Returns how many finished; their trace indices and times are in out_req / out_t."""
     k = 0
     for j in range(m):
         tf1 = p_tfirst[j]
@@ -269,8 +307,6 @@ def _tick(T: float, dt: float, m: int, nr: int, contention: bool, plain: bool,
             out_req[k] = q
             out_t[k] = tf
             k += 1
-    for r in range(nr):
-        r_V[r] = V1[r]
     return k
 
 
@@ -325,16 +361,7 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
     more this pass; the others go on. A request no replica can ever hold fails. Returns (new queue head,
     admitted, failed); the requests and replicas in out_req / out_rep, the failed in out_failed."""
     nf_ = len(flavor_w)
-    live_w = np.full(nf_, -1.0)
-    for r in range(nr):
-        if r_state[r] == LIVE:
-            live_w[r_flavor[r]] = max(flavor_w[r_flavor[r]], 0.0)
-    n_live = 0
-    total = 0.0
-    for f in range(nf_):
-        if live_w[f] >= 0:
-            n_live += 1
-            total += live_w[f]
+    live_w, n_live, total = _live_weights(nr, r_state, r_flavor, flavor_w)
     head = i
     k = 0
     nf = 0
@@ -347,12 +374,7 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
             continue
         if kv[j] > never:
             # Failed once a replica could take it, as the central queue fails it (_route).
-            room = False
-            for r in range(nr):
-                if r_state[r] == LIVE and r_run[r] < r_slots[r]:
-                    room = True
-                    break
-            if not room:
+            if not _any_slot(nr, r_state, r_run, r_slots):
                 break
             admitted[j] = True
             out_failed[nf] = j
@@ -360,23 +382,11 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
             continue
         f = req_flavor[j]
         if f < 0 or live_w[f] < 0:
-            x = u[j] * (total if total > 0 else n_live)
-            for g in range(nf_):
-                if live_w[g] < 0:
-                    continue
-                f = g
-                x -= live_w[g] if total > 0 else 1.0
-                if x < 0:
-                    break
+            f = _drawn_flavor(u[j], live_w, total, n_live)
             req_flavor[j] = f
         if blocked[f]:
             continue
-        pick = -1
-        for r in range(nr):
-            if r_state[r] != LIVE or r_flavor[r] != f or r_run[r] >= r_slots[r]:
-                continue
-            if r_kv[r] + kv[j] <= r_kvcap[r] and (pick < 0 or r_run[r] < r_run[pick]):
-                pick = r
+        pick = _least_loaded(nr, r_state, r_flavor, r_run, r_slots, r_kv, r_kvcap, f, kv[j])
         if pick < 0:
             blocked[f] = True
             n_blocked += 1
@@ -392,6 +402,64 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
     while head < end and admitted[head]:
         head += 1
     return head, k, nf
+
+
+@numba.njit(cache=True, nogil=True)
+def _live_weights(nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16],
+                  flavor_w: F64) -> tuple[F64, int, float]:
+    """Per flavor its routing weight where it has a live replica (at least 0), else -1; how many have one,
+    and their weights' sum."""
+    nf_ = len(flavor_w)
+    live_w = np.full(nf_, -1.0)
+    for r in range(nr):
+        if r_state[r] == LIVE:
+            live_w[r_flavor[r]] = max(flavor_w[r_flavor[r]], 0.0)
+    n_live = 0
+    total = 0.0
+    for f in range(nf_):
+        if live_w[f] >= 0:
+            n_live += 1
+            total += live_w[f]
+    return live_w, n_live, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _any_slot(nr: int, r_state: npt.NDArray[np.int8], r_run: I64, r_slots: I64) -> bool:
+    """Whether a live replica has a free slot."""
+    for r in range(nr):  # noqa: SIM110 (numba compiles the loop; any() over a generator it does not)
+        if r_state[r] == LIVE and r_run[r] < r_slots[r]:
+            return True
+    return False
+
+
+@numba.njit(cache=True, nogil=True)
+def _drawn_flavor(u: float, live_w: F64, total: float, n_live: int) -> int:
+    """The flavor ``u`` (uniform in [0, 1)) draws in proportion to ``live_w`` over the live flavors, uniformly
+    where those weigh nothing."""
+    x = u * (total if total > 0 else n_live)
+    f = -1
+    for g in range(len(live_w)):
+        if live_w[g] < 0:
+            continue
+        f = g
+        x -= live_w[g] if total > 0 else 1.0
+        if x < 0:
+            break
+    return f
+
+
+@numba.njit(cache=True, nogil=True)
+def _least_loaded(nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16], r_run: I64, r_slots: I64,
+                  r_kv: I64, r_kvcap: I64, f: int, need: int) -> int:
+    """The live replica of flavor ``f`` with a free slot and KV room for ``need`` tokens that runs fewest
+    sequences (the lowest index among equals); -1: none."""
+    pick = -1
+    for r in range(nr):
+        if r_state[r] != LIVE or r_flavor[r] != f or r_run[r] >= r_slots[r]:
+            continue
+        if r_kv[r] + need <= r_kvcap[r] and (pick < 0 or r_run[r] < r_run[pick]):
+            pick = r
+    return pick
 
 
 @dataclass
@@ -447,7 +515,11 @@ class Engine:
         self.arrived = 0
         self.failed = 0
         self.never_fit = max_kv_tokens
-        # Replica arrays (grown on demand).
+        self._new_replica_arrays()
+        self._new_pool()
+
+    def _new_replica_arrays(self) -> None:
+        """Replica arrays, grown on demand."""
         self.nr = 0
         cap = 16
         self.r_state = np.full(cap, STOPPED, dtype=np.int8)
@@ -466,7 +538,9 @@ class Engine:
         self.r_kv = np.zeros(cap, dtype=np.int64)
         self.r_V = np.zeros(cap)
         self.n_draining = 0  # replicas in DRAINING (the end-of-tick scan is skipped when 0)
-        # In-flight pool, in admission order.
+
+    def _new_pool(self) -> None:
+        """The in-flight pool, in admission order."""
         self.m = 0  # pool entries in use, tombstones included
         self.live_m = 0  # in-flight requests
         self.dead = 0

@@ -196,7 +196,7 @@ class IterationEngine(Engine):
         C = int(self.r_chunk[r])
         pf, fin = self._pf[r], self._fin[r]
         arr, out, first = self._arr_list, self._out, self._first
-        ttft, tpot, queue_s = self.ttft, self.tpot, self.queue_s
+        tpot, queue_s = self.tpot, self.queue_s
         t, v, d, S = self._free[r], self._it[r], len(fin), self._ctx[r]  # every decoding sequence is in fin
         P = self._p_list
         fl = int(self.r_flavor[r])
@@ -222,42 +222,14 @@ class IterationEngine(Engine):
                 S += k * d
             else:
                 # One iteration with prompt tokens.
-                cost = alpha + beta * d + pi + 2 * quad * S if d else b0
-                room = C - d
-                completed = 0
-                for e in pf:
-                    if room <= 0 or e[_TADM] > t:
-                        break
-                    left = e[_LEFT]
-                    k = int(left if left <= room else room)
-                    c = e[_CTX]
-                    if c == e[_HIT]:  # its first chunk
-                        q = int(e[_REQ])
-                        queue_s[q] = t - arr[q]
-                    cost += seq + k * inv_r + quad * (k * k + 2 * k * c)
-                    e[_LEFT] = left - k
-                    e[_CTX] = c + k
-                    room -= k
-                    if left == k:
-                        completed += 1
+                cost, completed = _chunks(pf, t, C - d, alpha + beta * d + pi + 2 * quad * S if d else b0, seq,
+                                          inv_r, quad, queue_s, arr)
                 t += cost
                 v += 1
                 S += d
-                for _ in range(completed):
-                    q = int(pf.popleft()[_REQ])
-                    ttft[q] = t + front - arr[q]
-                    o = out[q]
-                    if o == 1:
-                        tpot[q] = 0.0
-                        self._finish_one(r, q, fl)
-                        done.append(q)
-                        t_done.append(t + front)
-                        freed = True
-                    else:
-                        first[q] = t
-                        heapq.heappush(fin, (v + o - 1, q))
-                        d += 1
-                        S += P[q] + 1
+                started, context, freed = self._prefilled(r, completed, t, v, front, fl, done, t_done)
+                d += started
+                S += context
             # Sequences that decoded in these iterations (not those just started) may have got their last token.
             while fin and fin[0][0] <= v:
                 _, q = heapq.heappop(fin)
@@ -273,7 +245,57 @@ class IterationEngine(Engine):
         self._free[r], self._it[r], self._ctx[r] = t, v, S
         return t < T1 and (d > 0 or bool(pf))
 
+    def _prefilled(self, r: int, completed: int, t: float, v: int, front: float, fl: int, done: list[int],
+                   t_done: list[float]) -> tuple[int, int, bool]:
+        """The ``completed`` prompts at the head of replica r's prefill queue, prefilled by time ``t``
+        (iteration ``v``): a one-token answer finishes, the others start decoding. Returns (sequences that
+        started decoding, context tokens they add, whether a slot was freed)."""
+        pf, fin, P = self._pf[r], self._fin[r], self._p_list
+        started = context = 0
+        freed = False
+        for _ in range(completed):
+            q = int(pf.popleft()[_REQ])
+            self.ttft[q] = t + front - self._arr_list[q]
+            o = self._out[q]
+            if o == 1:
+                self.tpot[q] = 0.0
+                self._finish_one(r, q, fl)
+                done.append(q)
+                t_done.append(t + front)
+                freed = True
+            else:
+                self._first[q] = t
+                heapq.heappush(fin, (v + o - 1, q))
+                started += 1
+                context += P[q] + 1
+        return started, context, freed
+
     def _finish_one(self, r: int, q: int, flavor: int) -> None:
         self.flavor_of[q] = flavor
         self.r_run[r] -= 1
         self.r_kv[r] -= self._kv_list[q]
+
+
+def _chunks(pf: deque[list[float]], t: float, room: int, cost: float, seq: float, inv_r: float, quad: float,
+            queue_s: npt.NDArray[np.float32], arr: list[float]) -> tuple[float, int]:
+    """One iteration's prompt chunks at time ``t``, FIFO from the head of the prefill queue ``pf`` while
+    ``room`` tokens are left: each entry's tokens left and context advance, a first chunk records its
+    request's queueing time. Returns the iteration's cost (``cost`` plus the chunks') and how many prompts
+    it completed."""
+    completed = 0
+    for e in pf:
+        if room <= 0 or e[_TADM] > t:
+            break
+        left = e[_LEFT]
+        k = int(left if left <= room else room)
+        c = e[_CTX]
+        if c == e[_HIT]:  # its first chunk
+            q = int(e[_REQ])
+            queue_s[q] = t - arr[q]
+        cost += seq + k * inv_r + quad * (k * k + 2 * k * c)
+        e[_LEFT] = left - k
+        e[_CTX] = c + k
+        room -= k
+        if left == k:
+            completed += 1
+    return cost, completed

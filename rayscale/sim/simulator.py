@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
@@ -246,6 +247,21 @@ class Simulation:
         eng = self.engine
         ttft = eng.ttft[done]
         tpot = eng.tpot[done][self.output[done] > 1]
+        per_flavor = self._per_flavor(done, now)
+        return ModelSignals(
+            self.model, Freshness.FRESH, 0.0, rate, self._last_mix,
+            waiting=float(eng.waiting), running=float(eng.in_flight),
+            ttft_p95_s=p95(ttft) if len(ttft) else None,
+            tpot_p95_s=p95(tpot) if len(tpot) else None,
+            kv_usage=eng.kv_usage(), per_flavor=per_flavor,
+            arrival_counts=self.arrival_counts(now), arrival_bin_s=self.cfg.control_period_s,
+            prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s),
+            finished=float(len(done)), slo_met=self._met_share(done),
+        )
+
+    def _per_flavor(self, done: npt.NDArray[np.int64], now: float) -> dict[str, FlavorObservation]:
+        """What each flavor with live replicas reports over the window (its finished requests ``done``)."""
+        eng = self.engine
         per_flavor: dict[str, FlavorObservation] = {}
         live = self.cluster.live_by_flavor()
         fl_of = eng.flavor_of[done]
@@ -267,16 +283,7 @@ class Simulation:
                                 if len(sel) else None),
                 prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s, i),
             )
-        return ModelSignals(
-            self.model, Freshness.FRESH, 0.0, rate, self._last_mix,
-            waiting=float(eng.waiting), running=float(eng.in_flight),
-            ttft_p95_s=p95(ttft) if len(ttft) else None,
-            tpot_p95_s=p95(tpot) if len(tpot) else None,
-            kv_usage=eng.kv_usage(), per_flavor=per_flavor,
-            arrival_counts=self.arrival_counts(now), arrival_bin_s=self.cfg.control_period_s,
-            prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s),
-            finished=float(len(done)), slo_met=self._met_share(done),
-        )
+        return per_flavor
 
     def _route(self) -> None:
         """With EngineConfig.routing "flavor-weights", the engine routes by the weights the policy's ingress
