@@ -170,10 +170,13 @@ def _two_node_catalog() -> Catalog:
 def test_the_controller_gives_each_gang_a_slot_and_runs_one_replica_inside_each(cluster: LocalCluster) -> None:
     """The whole path: the plan wants two replicas, decide orders two gangs, the actuator gives them slots
     0 and 1, the controller turns Serve's slot deployments (deployed at one waiting replica each) to one
-    replica per ready gang, and each replica's bundles sit on its own gang's nodes."""
+    replica per ready gang, and each replica's bundles sit on its own gang's nodes. Then requests through
+    the ingress: the controller weights the flavor's slots by the replicas serving there, and both slot
+    deployments answer, none fails."""
     from ray import serve
 
     from rayscale.serve.app import build_app
+    from rayscale.serve.weights import set_flavor_weights
 
     cat = _two_node_catalog()
     assert gang_shape(cat, MODEL, FLAVOR).nodes == 2
@@ -185,9 +188,10 @@ def test_the_controller_gives_each_gang_a_slot_and_runs_one_replica_inside_each(
                         # four `ray start` nodes, one at a time, on two busy cores
                         act=ActSettings(backoff_s=30.0, launch_timeout_factor=9.0))
     ctl = Controller(cat, act, ServeClient(cluster.dashboard_url), MetricsScraper(ray_metrics_endpoints),
-                     ControllerConfig(settings, app_name=APP))
+                     ControllerConfig(settings, app_name=APP), weights_sink=set_flavor_weights)
+    port = free_port()
     try:
-        serve.start(http_options={"host": NODE_IP, "port": free_port()}, proxy_location="HeadOnly")
+        serve.start(http_options={"host": NODE_IP, "port": port}, proxy_location="HeadOnly")
         serve.run_many([serve.RunTarget(target=build_app(_args()), name=APP, route_prefix=f"/{APP}",
                                         external_scaler_enabled=True)],
                        wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
@@ -208,6 +212,10 @@ def test_the_controller_gives_each_gang_a_slot_and_runs_one_replica_inside_each(
         _wait(cluster, lambda: ctl.serve.snapshot().slots[(MODEL, FLAVOR)] == {0: 1, 1: 1}, 30,
               "Serve's targets: one replica per slot")
         assert not [r.errors for r in ctl.records if any("slot" in e for e in r.errors)]
+        _wait(cluster, lambda: ctl.serve.snapshot().slots_serving.get((MODEL, FLAVOR)) == {0: 1, 1: 1}, 120,
+              "both slot replicas serving")
+        answered = _answering_slots(f"http://{NODE_IP}:{port}/{APP}", rounds=8)
+        assert answered == {slot_deployment_name(MODEL, FLAVOR, k) for k in (0, 1)}, answered
     finally:
         ctl.stop()
         serve.delete(APP)
@@ -215,3 +223,27 @@ def test_the_controller_gives_each_gang_a_slot_and_runs_one_replica_inside_each(
             act.delete_gang(g.name)
         act.close()
         wait_for(lambda: not [n for n in cluster.nodes() if n.flavor == FLAVOR], 120, "the gangs' nodes gone")
+
+
+def _answering_slots(url: str, rounds: int, concurrent: int = 8) -> set[str]:
+    """The slot deployments that answer ``rounds`` waves of ``concurrent`` completions sent together through
+    the ingress (each names its deployment in system_fingerprint), until both have; every request must
+    succeed."""
+    import asyncio
+
+    async def wave(client: httpx.AsyncClient) -> list[httpx.Response]:
+        body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
+        return await asyncio.gather(*(client.post(f"{url}/v1/completions", json=body) for _ in range(concurrent)))
+
+    async def run() -> set[str]:
+        seen: set[str] = set()
+        async with httpx.AsyncClient(timeout=60) as client:
+            for _ in range(rounds):
+                for r in await wave(client):
+                    assert r.status_code == 200, r.text
+                    seen.add(r.json()["system_fingerprint"].removeprefix("rayscale-emulated:"))
+                if len(seen) == 2:
+                    break
+        return seen
+
+    return asyncio.run(run())
