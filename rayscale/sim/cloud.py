@@ -677,9 +677,7 @@ class Cluster:
             return  # a later pod extended the window; its own event closes it
         batch, self._batch, self._batch_open, self._batch_last = self._batch, [], None, None
         for gid in batch:
-            g = self.gangs.get(gid)
-            if g is not None:
-                self._launch(g, t)
+            self._on_launch(t, gid)
 
     def _on_launch(self, t: float, obj: int) -> None:
         g = self.gangs.get(obj)
