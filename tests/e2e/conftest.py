@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from rayscale_testing.waits import wait_for
 
@@ -32,6 +33,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((NODE_IP, 0))
         return int(s.getsockname()[1])
+
+
+def serve_http_url(dashboard_url: str) -> str:
+    """Serve's HTTP proxy as it runs. ``serve.start`` keeps the proxy of a Serve an earlier test started
+    and ignores new http_options, so the address comes from Serve's REST API, not from what was asked."""
+    from ray import serve
+
+    serve.start(http_options={"host": NODE_IP, "port": free_port()}, proxy_location="HeadOnly")
+    http = httpx.get(f"{dashboard_url}/api/serve/applications/", timeout=10).json()["http_options"]
+    return f"http://{http['host']}:{http['port']}"
 
 
 def local_catalog() -> Catalog:

@@ -28,7 +28,7 @@ from rayscale.core.gangs import gang_shape
 from rayscale.core.settings import Settings
 from rayscale.serve.config import LABEL_GANG_SLOT, slot_deployment_name
 from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
-from tests.e2e.conftest import NODE_IP, free_port, local_catalog
+from tests.e2e.conftest import local_catalog, serve_http_url
 
 APP = "gangs"
 MODEL = "mistral-7b"
@@ -109,7 +109,7 @@ def test_each_multi_node_replica_sits_inside_one_gang(cluster: LocalCluster) -> 
     assert cluster.dashboard_url
     actuator = LocalActuator(cluster, LocalActuatorConfig(max_worker_nodes=6, node_start_timeout_s=180))
     try:
-        serve.start(http_options={"host": NODE_IP, "port": free_port()}, proxy_location="HeadOnly")
+        serve_http_url(cluster.dashboard_url)
         serve.run_many([serve.RunTarget(target=build_app(_args()), name=APP, route_prefix=f"/{APP}",
                                         external_scaler_enabled=True)],
                        wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
@@ -189,9 +189,8 @@ def test_the_controller_gives_each_gang_a_slot_and_runs_one_replica_inside_each(
                         act=ActSettings(backoff_s=30.0, launch_timeout_factor=9.0))
     ctl = Controller(cat, act, ServeClient(cluster.dashboard_url), MetricsScraper(ray_metrics_endpoints),
                      ControllerConfig(settings, app_name=APP), weights_sink=set_flavor_weights)
-    port = free_port()
     try:
-        serve.start(http_options={"host": NODE_IP, "port": port}, proxy_location="HeadOnly")
+        ingress = serve_http_url(cluster.dashboard_url)
         serve.run_many([serve.RunTarget(target=build_app(_args()), name=APP, route_prefix=f"/{APP}",
                                         external_scaler_enabled=True)],
                        wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
@@ -214,7 +213,7 @@ def test_the_controller_gives_each_gang_a_slot_and_runs_one_replica_inside_each(
         assert not [r.errors for r in ctl.records if any("slot" in e for e in r.errors)]
         _wait(cluster, lambda: ctl.serve.snapshot().slots_serving.get((MODEL, FLAVOR)) == {0: 1, 1: 1}, 120,
               "both slot replicas serving")
-        answered = _answering_slots(f"http://{NODE_IP}:{port}/{APP}", rounds=8)
+        answered = _answering_slots(f"{ingress}/{APP}", rounds=8)
         assert answered == {slot_deployment_name(MODEL, FLAVOR, k) for k in (0, 1)}, answered
     finally:
         ctl.stop()
