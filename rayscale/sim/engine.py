@@ -33,7 +33,8 @@ V (decode iterations done so far); a request that starts decoding at V=v finishe
 and its finish time is found by inverting the piecewise-linear V(t) of the tick. A tick is two compiled
 (numba) passes: ``_route_weighted`` hands each queued request to the flavor it drew by the ingress's
 weights, then FIFO within the flavor to its least-loaded replica with room (Ray Serve's router with
-max_ongoing_requests behind each flavor deployment; ``_route``: one central queue over every replica, with
+max_ongoing_requests behind each flavor deployment; a multi-node flavor's replicas are a deployment each, one per
+gang slot, so there each request draws one and waits for it; ``_route``: one central queue over every replica, with
 ``EngineConfig(routing="least-loaded")``), and ``_tick`` walks the in-flight pool once per
 stage (prefill FIFOs, first tokens, finishes). The same stages as vectorised numpy calls cost a fixed
 ~0.2 ms per tick in call overhead whatever the pool's size, most of a 24-hour simulation.
@@ -352,22 +353,24 @@ def _route(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_run: I64,
 @numba.njit(cache=True, nogil=True)
 def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16],
                     r_run: I64, r_slots: I64, r_kv: I64, r_kvcap: I64, kv: I64, never: float, flavor_w: F64,
-                    u: F64, req_flavor: npt.NDArray[np.int16], admitted: npt.NDArray[np.bool_], out_req: I64,
-                    out_rep: I64, out_failed: I64) -> tuple[int, int, int]:
+                    slotted: npt.NDArray[np.bool_], u: F64, u_slot: F64, req_flavor: npt.NDArray[np.int16],
+                    req_rep: I64, admitted: npt.NDArray[np.bool_], out_req: I64, out_rep: I64,
+                    out_failed: I64) -> tuple[int, int, int]:
     """Queued requests i..end-1 (those not ``admitted`` yet), each to the flavor it drew (``req_flavor``;
     drawn with its ``u`` in proportion to ``flavor_w`` over the flavors with a live replica, uniformly where
     those weigh nothing, and drawn again if its flavor has none left), then FIFO within that flavor to its
-    least-loaded live replica with a free slot and KV room. A flavor whose next request finds none takes no
-    more this pass; the others go on. A request no replica can ever hold fails. Returns (new queue head,
-    admitted, failed); the requests and replicas in out_req / out_rep, the failed in out_failed."""
-    nf_ = len(flavor_w)
+    least-loaded live replica with a free slot and KV room. A ``slotted`` flavor's replicas are one Serve
+    deployment each (a multi-node flavor's gang slots): a request drawn to one draws one of its live replicas
+    with ``u_slot`` (``req_rep``) and waits for that one, FIFO behind the others drawn to it. A flavor whose
+    next request finds none takes no more this pass; the others go on. A request no replica can ever hold
+    fails. Returns (new queue head, admitted, failed); the requests and replicas in out_req / out_rep, the
+    failed in out_failed."""
     live_w, n_live, total = _live_weights(nr, r_state, r_flavor, flavor_w)
-    head = i
-    k = 0
-    nf = 0
+    head, k, nf = i, 0, 0
     if n_live == 0:
         return head, k, nf
-    blocked = np.zeros(nf_, dtype=np.bool_)
+    n_reps, full = _live_counts(nr, r_state, r_flavor, len(flavor_w)), np.zeros(len(flavor_w), dtype=np.int64)
+    blocked, waiting = np.zeros(len(flavor_w), dtype=np.bool_), np.zeros(nr, dtype=np.bool_)
     n_blocked = 0
     for j in range(i, end):
         if admitted[j]:
@@ -386,12 +389,22 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
             req_flavor[j] = f
         if blocked[f]:
             continue
-        pick = _least_loaded(nr, r_state, r_flavor, r_run, r_slots, r_kv, r_kvcap, f, kv[j])
-        if pick < 0:
+        if slotted[f]:
+            pick = _slot_of(j, f, nr, r_state, r_flavor, u_slot, req_rep)
+            if waiting[pick]:
+                continue
+            if r_run[pick] >= r_slots[pick] or r_kv[pick] + kv[j] > r_kvcap[pick]:
+                waiting[pick] = True
+                full[f] += 1
+                pick = -1 if full[f] == n_reps[f] else -2
+        else:
+            pick = _least_loaded(nr, r_state, r_flavor, r_run, r_slots, r_kv, r_kvcap, f, kv[j])
+        if pick == -1:
             blocked[f] = True
             n_blocked += 1
             if n_blocked == n_live:
                 break
+        if pick < 0:
             continue
         r_run[pick] += 1
         r_kv[pick] += kv[j]
@@ -402,6 +415,39 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
     while head < end and admitted[head]:
         head += 1
     return head, k, nf
+
+
+@numba.njit(cache=True, nogil=True)
+def _live_counts(nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16], n_flavors: int) -> I64:
+    """Live replicas per flavor index."""
+    out = np.zeros(n_flavors, dtype=np.int64)
+    for r in range(nr):
+        if r_state[r] == LIVE:
+            out[r_flavor[r]] += 1
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _slot_of(j: int, f: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16], u_slot: F64,
+             req_rep: I64) -> int:
+    """The live replica of flavor ``f`` request ``j`` waits for: the one it drew, or if that one is gone one
+    drawn now with ``u_slot[j]``, each equally likely, as the controller weights a flavor's gang slots evenly
+    over those serving (rayscale.controller.slots.slot_weights). ``f`` has a live replica."""
+    r = req_rep[j]
+    if r >= 0 and r_state[r] == LIVE:
+        return r
+    n = 0
+    for q in range(nr):
+        if r_state[q] == LIVE and r_flavor[q] == f:
+            n += 1
+    x = min(int(u_slot[j] * n), n - 1)
+    for q in range(nr):
+        if r_state[q] == LIVE and r_flavor[q] == f:
+            if x == 0:
+                req_rep[j] = q
+                return q
+            x -= 1
+    return -1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -508,9 +554,13 @@ class Engine:
         # Routing by flavor weights (EngineConfig.routing): the weights by flavor index (None: uniform), each
         # request's draw and flavor, and which requests past q_head were admitted out of order.
         self.flavor_w: F64 | None = None
+        self.slotted: npt.NDArray[np.bool_] | None = None
         if cfg.routing == "flavor-weights":
-            self._u = np.random.default_rng(seed).random(n)
+            rng = np.random.default_rng(seed)
+            self._u = rng.random(n)
+            self._u_slot = rng.random(n)
             self._req_flavor = np.full(n, -1, dtype=np.int16)
+            self._req_rep = np.full(n, -1, dtype=np.int64)
             self._admitted = np.zeros(n, dtype=np.bool_)
         self.arrived = 0
         self.failed = 0
@@ -621,12 +671,16 @@ class Engine:
             return int(np.count_nonzero(~self._admitted[self.q_head : self.arrived]))
         return self.arrived - self.q_head
 
-    def set_flavor_weights(self, weights: npt.ArrayLike) -> None:
-        """The routing weight of each flavor index (EngineConfig.routing "flavor-weights")."""
+    def set_flavor_weights(self, weights: npt.ArrayLike, slotted: npt.ArrayLike | None = None) -> None:
+        """The routing weight of each flavor index (EngineConfig.routing "flavor-weights"), and which flavors
+        route to a replica drawn per request, as to a multi-node flavor's gang slots (None: none)."""
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 1 or not np.all(w >= 0):
             raise ValueError(f"flavor weights must be one non-negative weight per flavor, got {w}")
-        self.flavor_w = w
+        sl = np.zeros(len(w), dtype=np.bool_) if slotted is None else np.asarray(slotted, dtype=np.bool_)
+        if sl.shape != w.shape:
+            raise ValueError(f"slotted must name every flavor that has a weight, got {sl} for {w}")
+        self.flavor_w, self.slotted = w, sl
 
     @property
     def in_flight(self) -> int:
@@ -740,10 +794,12 @@ class Engine:
         w = self.flavor_w if self.flavor_w is not None else np.ones(top + 1)
         if len(w) <= top:
             raise ValueError(f"routing by flavor weights: {len(w)} weights for flavor index {top}")
+        slotted = self.slotted if self.slotted is not None else np.zeros(len(w), dtype=np.bool_)
         req = np.empty(end - i0, dtype=np.int64)
         self.q_head, k, nf = _route_weighted(i0, end, self.nr, self.r_state, self.r_flavor, self.r_run,
-                                             self.r_slots, self.r_kv, self.r_kvcap, self._kv, never, w, self._u,
-                                             self._req_flavor, self._admitted, req, rep, failed)
+                                             self.r_slots, self.r_kv, self.r_kvcap, self._kv, never, w, slotted,
+                                             self._u, self._u_slot, self._req_flavor, self._req_rep,
+                                             self._admitted, req, rep, failed)
         if nf:
             f = failed[:nf]
             self.status[f] = FAILED

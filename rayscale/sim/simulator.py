@@ -22,6 +22,7 @@ from rayscale.core.catalog import Catalog
 from rayscale.core.chunk import pin_chunks
 from rayscale.core.estimate import EstimateSettings, estimate
 from rayscale.core.forecast import FORECASTERS
+from rayscale.core.gangs import GangError, gang_shape
 from rayscale.core.settings import Settings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings
@@ -103,6 +104,14 @@ class SimResult:
         return out
 
 
+def _multi_node(catalog: Catalog, model: str, flavor: str) -> bool:
+    """Whether a replica of ``model`` on ``flavor`` spans nodes (a flavor no gang fits never launches)."""
+    try:
+        return gang_shape(catalog, model, flavor).nodes > 1
+    except GangError:
+        return False
+
+
 class Simulation:
     def __init__(self, catalog: Catalog, trace: Trace, policy: Policy, cfg: SimConfig = SimConfig()) -> None:
         if cfg.model not in catalog.models:
@@ -146,6 +155,8 @@ class Simulation:
         self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
                                slot_cap=policy.slot_cap)
         self.flavors = flavors
+        # Multi-node flavors: a Serve deployment per gang slot, so the ingress draws a replica per request.
+        self._slotted = [_multi_node(catalog, cfg.model, f) for f in flavors]
         self._done: deque[tuple[float, np.ndarray]] = deque()  # (tick end, finished trace indices)
         self._ongoing: deque[tuple[float, float]] = deque()
         self._ongoing_sum = 0.0
@@ -296,7 +307,7 @@ class Simulation:
         if w is None:
             live, cap = self.cluster.live_by_flavor(), self.guessed_capacity()
             w = {f: live.get(f, 0) * cap.get(f, 0.0) for f in self.flavors}
-        self.engine.set_flavor_weights([w.get(f, 0.0) for f in self.flavors])
+        self.engine.set_flavor_weights([w.get(f, 0.0) for f in self.flavors], self._slotted)
 
     def guessed_capacity(self) -> dict[str, float]:
         """The estimator's req/s per replica at the SLO for the trace's mix (0: infeasible), once."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.sim.engine import DONE, Engine, EngineConfig
+from rayscale.sim.engine import DONE, FAILED, Engine, EngineConfig
 
 CAT = load_catalog()
 PROF = CAT.profile("mistral-7b", "a10g")
@@ -299,3 +299,41 @@ def test_weighted_routing_needs_a_weight_per_flavor():
         e.set_flavor_weights([1.0, -1.0])
     with pytest.raises(ValueError, match=r"engine\.routing"):
         EngineConfig(routing="round-robin")
+
+
+def test_a_gang_slot_flavor_queues_each_request_behind_the_replica_it_drew():
+    # A multi-node flavor's replicas are one Serve deployment per gang slot: the ingress draws a slot per
+    # request (evenly over those serving) and Serve queues it behind that slot's replica, even while the
+    # other slot has room, where least-loaded routing within one deployment would use both.
+    def engine(slotted: bool, drawn: float | None = None) -> Engine:
+        e = Engine(np.zeros(40), np.full(40, 100), np.full(40, 200), WEIGHTED)
+        e.add_replica(PROF, 0, 4)
+        e.add_replica(PROF, 0, 4)
+        e.set_flavor_weights([1.0], slotted=[slotted])
+        if drawn is not None:
+            e._u_slot[:] = drawn
+        e.step(0.0, 0.25)
+        return e
+
+    e = engine(True)
+    assert e.running(0) == 4 and e.running(1) == 4 and e.waiting == 32
+    t = 0.25
+    while t < 600 and (e.in_flight or e.waiting):
+        e.step(t, 0.25)
+        t += 0.25
+    drew = np.asarray(e._req_rep)
+    assert (e.status == DONE).all() and set(drew) == {0, 1} and 10 < (drew == 0).sum() < 30
+    all_on_one = engine(True, drawn=0.99)
+    assert all_on_one.running(0) == 0 and all_on_one.running(1) == 4 and all_on_one.waiting == 36
+    both = engine(False, drawn=0.99)
+    assert both.running(0) == 4 and both.running(1) == 4
+    # The drawn replica gone (its four running requests fail with it): the waiting ones draw again among
+    # the live replicas, none is lost.
+    assert all_on_one.kill(1, 0.25) == 4
+    t = 0.25
+    while t < 600 and (all_on_one.in_flight or all_on_one.waiting):
+        all_on_one.step(t, 0.25)
+        t += 0.25
+    done = all_on_one.status == DONE
+    assert done.sum() == 36 and (all_on_one.status == FAILED).sum() == 4
+    assert (np.asarray(all_on_one._req_rep)[done] == 0).all()
