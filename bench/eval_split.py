@@ -100,21 +100,21 @@ def model_of(case: int) -> str:
     return CASE_MODELS.get(CASES[case][1], MODEL)
 
 
-def case_run(case: int, seed: int, steady: bool) -> tuple[Catalog, Trace, float]:
-    """The catalog, the ``seed``-th draw of a case's traffic and its unscored warm-up (steady state: after
-    another draw of the same traffic; from cold: none)."""
+def case_run(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = ()) -> tuple[Catalog, Trace, float]:
+    """The catalog (restricted to ``flavors`` where any are named), the ``seed``-th draw of a case's traffic
+    and its unscored warm-up (steady state: after another draw of the same traffic; from cold: none)."""
     _, _, spec, ts, rs = CASES[case]
-    cat = on_demand_only(load_catalog().subset([model_of(case)]))
+    cat = on_demand_only(load_catalog().subset([model_of(case)], list(flavors) or None))
     if steady:
         trace, warm = with_warmup_draw(spec, seed, ts, rs)
         return cat, trace, warm
     return cat, load_spec(spec, seed, ts, rs, resample=True), 0.0
 
 
-def one(case: int, seed: int, steady: bool) -> list[dict[str, Any]]:
+def one(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     _, label, spec, ts, rs = CASES[case]
     model = model_of(case)
-    cat, trace, warm = case_run(case, seed, steady)
+    cat, trace, warm = case_run(case, seed, steady, flavors)
     cfg = SimConfig(model=model, seed=seed, warmup_s=warm, same_start=not steady)
     # What an operator could declare before this traffic: the request shape of another day (another draw).
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
@@ -196,11 +196,14 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--split", choices=["both", "dev", "held-out", "shapes", "models"], default="both")
+    ap.add_argument("--case", default="", help="only the split's cases whose label holds this text")
+    ap.add_argument("--flavor", action="append", default=[], help="restrict the catalog to this flavor (repeatable)")
     ap.add_argument("--out", default="bench/results/eval_split.md")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
-    cases = [i for i, c in enumerate(CASES) if c[0] == args.split or (args.split == "both" and c[0] in ("dev", "held-out"))]
-    jobs = [(c, s, st) for c in cases for s in seeds for st in (False, True)]
+    cases = [i for i, c in enumerate(CASES) if (c[0] == args.split or (args.split == "both" and c[0] in ("dev", "held-out")))
+             and args.case in c[1]]
+    jobs = [(c, s, st, tuple(args.flavor)) for c in cases for s in seeds for st in (False, True)]
     print(f"{len(jobs)} runs of {len(POLICIES)} policies on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -208,9 +211,11 @@ def main() -> int:
     wall = time.perf_counter() - t0
     out = Path(args.out)
     plot(rows, out.with_suffix(".png"))
+    only = "".join(f" --flavor {f}" for f in args.flavor) + (f" --case '{args.case}'" if args.case else "")
     text = (f"# Evaluation: the shipped product on dev and held-out traffic\n\n{machine()}; "
-            f"`python -m bench.eval_split --seeds {args.seeds} --split {args.split}` ({wall:.0f} s on {args.jobs} "
-            f"processes); model {', '.join(sorted({model_of(c) for c in cases}))}, shipped catalog, on-demand only, fluid engine.\n\n"
+            f"`python -m bench.eval_split --seeds {args.seeds} --split {args.split}{only}` ({wall:.0f} s on {args.jobs} "
+            f"processes); model {', '.join(sorted({model_of(c) for c in cases}))}, shipped catalog"
+            f"{' (only ' + ', '.join(args.flavor) + ')' if args.flavor else ''}, on-demand only, fluid engine.\n\n"
             + __doc__.split("\n\n", 2)[2] + "\n## Steady state (warmed up on another draw)\n\n```\n"
             + table(rows, True) + "\n```\n\n## From cold (every policy starts from the same fleet: what the "
             "shipped step orders for the first 30 s)\n\nA bound that cannot reach the goal from there reports its best-attaining configuration "

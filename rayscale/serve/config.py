@@ -59,6 +59,14 @@ def parse_deployment_name(name: str) -> tuple[str, str, int | None] | None:
     return None
 
 
+def split_route_key(key: str) -> tuple[str, int | None]:
+    """(flavor, slot) of one of the ingress's routing keys: a flavor (slot None), or ``{flavor}--slot{k}``,
+    a gang slot's deployment without the model."""
+    flavor, sep, tail = key.rpartition(SEP)
+    m = _SLOT_RE.match(tail) if sep and flavor else None
+    return (flavor, int(m.group(1))) if m else (key, None)
+
+
 def split_deployment_name(name: str) -> tuple[str, str]:
     """(model, flavor) of a flavor deployment or of one of its gang slots."""
     parsed = parse_deployment_name(name)

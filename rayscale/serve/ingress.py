@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import random
 import time
 import weakref
@@ -27,7 +28,7 @@ from rayscale.extras import missing_vllm
 from rayscale.serve.errors import ApiError, make_app, openai_error_body
 from rayscale.serve.metrics import IngressMetrics
 from rayscale.serve.readiness import HeldMetric, HoldSettings, ReadinessGate, poll_readiness
-from rayscale.serve.weights import get_store, pick_flavor, validate_weights
+from rayscale.serve.weights import get_store, pick_route, validate_weights
 
 # Ray Serve LLM's ingress and OpenAI models import vLLM; the controller's image (no vLLM) never loads this.
 # OpenAiIngress and make_fastapi_ingress come from the public ray.serve.llm.ingress. No public API for the
@@ -71,12 +72,25 @@ def _engine_error(head: Any) -> ApiError | None:
 
 class _Tracked:
     """One request in the ingress's counts (IngressMetrics): arrived, answered, finished, each counted once
-    however the request ends (error, timeout, client gone)."""
+    however the request ends (error, timeout, client gone); and in flight on the routing key it took."""
 
     def __init__(self, metrics: IngressMetrics, model: str) -> None:
         self.metrics, self.model, self.t0 = metrics, model, time.monotonic()
         self.answered = self.finished = False
+        self._on: tuple[dict[str, int], str] | None = None
         metrics.arrive(model)
+
+    def route(self, in_flight: dict[str, int], key: str) -> None:
+        """Counts the request in ``in_flight[key]`` until it finishes (in place of an earlier key)."""
+        self._leave()
+        in_flight[key] = in_flight.get(key, 0) + 1
+        self._on = (in_flight, key)
+
+    def _leave(self) -> None:
+        if self._on is not None:
+            in_flight, key = self._on
+            in_flight[key] -= 1
+            self._on = None
 
     def answer(self, ok: bool) -> None:
         if not self.answered:
@@ -88,6 +102,7 @@ class _Tracked:
         if not self.finished:
             self.finished = True
             self.metrics.finish(self.model)
+            self._leave()
 
 
 def _counted(stream: AsyncIterator[Any], req: _Tracked) -> AsyncIterator[Any]:
@@ -109,6 +124,10 @@ def _counted(stream: AsyncIterator[Any], req: _Tracked) -> AsyncIterator[Any]:
 def is_length_rejection(e: ApiError) -> bool:
     """vLLM's 400s for a prompt or max_tokens over max_model_len (its messages name one or the other)."""
     return e.status_code == 400 and ("maximum context length" in e.message or "max_model_len" in e.message)
+
+
+# The request being routed: the parent's _get_response picks its handle inside the request's own task.
+_CURRENT: contextvars.ContextVar[_Tracked | None] = contextvars.ContextVar("rayscale_ingress_request", default=None)
 
 
 class RayscaleIngress(OpenAiIngress):
@@ -137,6 +156,7 @@ class RayscaleIngress(OpenAiIngress):
         self.routed: dict[str, dict[str, int]] = {
             m: dict.fromkeys(f, 0) for m, f in flavor_deployments.items()
         }
+        self._in_flight: dict[str, dict[str, int]] = {m: dict.fromkeys(f, 0) for m, f in flavor_deployments.items()}
         self._metrics = IngressMetrics(list(flavor_deployments))
         self._metrics.report()
         self._reporter: asyncio.Task[None] | None = None
@@ -237,8 +257,11 @@ class RayscaleIngress(OpenAiIngress):
         self._ensure_refresher()
         if model_id not in self._flavors:
             raise ApiError(404, f"The model `{model_id}` does not exist.", param="model")
-        flavor = pick_flavor(self._gate.ready_weights(model_id, self._weights[model_id]), self._rng)
+        flavor = pick_route(self._gate.ready_weights(model_id, self._weights[model_id]), self._in_flight[model_id],
+                            self._rng)
         self.routed[model_id][flavor] += 1
+        if (req := _CURRENT.get()) is not None:
+            req.route(self._in_flight[model_id], flavor)
         key = (model_id, flavor)
         if key not in self._streaming:
             self._streaming[key] = self._flavors[model_id][flavor].options(stream=True)
@@ -257,6 +280,7 @@ class RayscaleIngress(OpenAiIngress):
         self._check_request(body)
         self._ensure_reporter()
         req = _Tracked(self._metrics, model_id)
+        token = _CURRENT.set(req)
         streaming = False
         try:
             # Held (in flight, waiting: the controller's demand) until a replica can serve, or 503.
@@ -281,6 +305,7 @@ class RayscaleIngress(OpenAiIngress):
                 streaming = True
                 return StreamingResponse(body_stream, media_type="text/event-stream")
         finally:
+            _CURRENT.reset(token)
             if not streaming:
                 req.finish()
 

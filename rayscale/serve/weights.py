@@ -13,6 +13,8 @@ from typing import Any
 
 import ray
 
+from rayscale.serve.config import split_route_key
+
 NAMESPACE = "rayscale"
 
 
@@ -81,3 +83,17 @@ def pick_flavor(weights: Mapping[str, float], rng: random.Random) -> str:
         if x < 0:
             return name
     return names[-1]
+
+
+def pick_route(weights: Mapping[str, float], in_flight: Mapping[str, int], rng: random.Random) -> str:
+    """The routing key a request goes to: drawn in proportion to ``weights`` (pick_flavor), except that a
+    multi-node flavor's gang slots (``{flavor}--slot{k}``) are a Serve deployment each, one replica with its
+    own queue, so the request takes, among the drawn slot's siblings that weigh anything, the one with the
+    fewest of this ingress's requests in flight (the drawn one among equals): what Serve's router does
+    between the replicas of one deployment, which a draw per request would not."""
+    key = pick_flavor(weights, rng)
+    flavor, slot = split_route_key(key)
+    if slot is None:
+        return key
+    siblings = [k for k, w in weights.items() if w > 0 and split_route_key(k)[0] == flavor]
+    return min(siblings, key=lambda k: (in_flight.get(k, 0), k != key), default=key)

@@ -34,7 +34,8 @@ and its finish time is found by inverting the piecewise-linear V(t) of the tick.
 (numba) passes: ``_route_weighted`` hands each queued request to the flavor it drew by the ingress's
 weights, then FIFO within the flavor to its least-loaded replica with room (Ray Serve's router with
 max_ongoing_requests behind each flavor deployment; a multi-node flavor's replicas are a deployment each, one per
-gang slot, so there each request draws one and waits for it; ``_route``: one central queue over every replica, with
+gang slot, so there each request takes the one with fewest requests, as the ingress does, and waits for
+it; ``_route``: one central queue over every replica, with
 ``EngineConfig(routing="least-loaded")``), and ``_tick`` walks the in-flight pool once per
 stage (prefill FIFOs, first tokens, finishes). The same stages as vectorised numpy calls cost a fixed
 ~0.2 ms per tick in call overhead whatever the pool's size, most of a 24-hour simulation.
@@ -360,17 +361,18 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
     drawn with its ``u`` in proportion to ``flavor_w`` over the flavors with a live replica, uniformly where
     those weigh nothing, and drawn again if its flavor has none left), then FIFO within that flavor to its
     least-loaded live replica with a free slot and KV room. A ``slotted`` flavor's replicas are one Serve
-    deployment each (a multi-node flavor's gang slots): a request drawn to one draws one of its live replicas
-    with ``u_slot`` (``req_rep``) and waits for that one, FIFO behind the others drawn to it. A flavor whose
-    next request finds none takes no more this pass; the others go on. A request no replica can ever hold
-    fails. Returns (new queue head, admitted, failed); the requests and replicas in out_req / out_rep, the
-    failed in out_failed."""
+    deployment each (a multi-node flavor's gang slots): a request drawn to one takes the live replica it has
+    fewest requests on, running or waiting (``req_rep``; the ingress's rayscale.serve.weights.pick_route),
+    and waits for that one, FIFO behind the others that took it. A flavor whose next request finds none takes
+    no more this pass; the others go on. A request no replica can ever hold fails. Returns (new queue head,
+    admitted, failed); the requests and replicas in out_req / out_rep, the failed in out_failed."""
     live_w, n_live, total = _live_weights(nr, r_state, r_flavor, flavor_w)
     head, k, nf = i, 0, 0
     if n_live == 0:
         return head, k, nf
     n_reps, full = _live_counts(nr, r_state, r_flavor, len(flavor_w)), np.zeros(len(flavor_w), dtype=np.int64)
     blocked, waiting = np.zeros(len(flavor_w), dtype=np.bool_), np.zeros(nr, dtype=np.bool_)
+    on = _waiting_on(i, end, nr, r_state, admitted, req_rep)
     n_blocked = 0
     for j in range(i, end):
         if admitted[j]:
@@ -390,13 +392,8 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
         if blocked[f]:
             continue
         if slotted[f]:
-            pick = _slot_of(j, f, nr, r_state, r_flavor, u_slot, req_rep)
-            if waiting[pick]:
-                continue
-            if r_run[pick] >= r_slots[pick] or r_kv[pick] + kv[j] > r_kvcap[pick]:
-                waiting[pick] = True
-                full[f] += 1
-                pick = -1 if full[f] == n_reps[f] else -2
+            pick = _slot_of(j, f, nr, r_state, r_flavor, r_run, on, u_slot, req_rep)
+            pick = _slot_room(pick, f, r_run, r_slots, r_kv, r_kvcap, kv[j], on, waiting, full, n_reps)
         else:
             pick = _least_loaded(nr, r_state, r_flavor, r_run, r_slots, r_kv, r_kvcap, f, kv[j])
         if pick == -1:
@@ -428,11 +425,38 @@ def _live_counts(nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[n
 
 
 @numba.njit(cache=True, nogil=True)
-def _slot_of(j: int, f: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16], u_slot: F64,
-             req_rep: I64) -> int:
-    """The live replica of flavor ``f`` request ``j`` waits for: the one it drew, or if that one is gone one
-    drawn now with ``u_slot[j]``, each equally likely, as the controller weights a flavor's gang slots evenly
-    over those serving (rayscale.controller.slots.slot_weights). ``f`` has a live replica."""
+def _slot_room(r: int, f: int, r_run: I64, r_slots: I64, r_kv: I64, r_kvcap: I64, need: int, on: I64,
+               waiting: npt.NDArray[np.bool_], full: I64, n_reps: I64) -> int:
+    """Replica ``r`` of slotted flavor ``f`` if it takes the request now (a free slot and KV room, no earlier
+    request waiting for it); else -2, or -1 once every live replica of ``f`` has one waiting."""
+    if waiting[r]:
+        return -2
+    if r_run[r] >= r_slots[r] or r_kv[r] + need > r_kvcap[r]:
+        waiting[r] = True
+        full[f] += 1
+        return -1 if full[f] == n_reps[f] else -2
+    on[r] -= 1
+    return r
+
+
+@numba.njit(cache=True, nogil=True)
+def _waiting_on(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], admitted: npt.NDArray[np.bool_],
+                req_rep: I64) -> I64:
+    """Per replica, the requests i..end-1 not admitted yet that wait for it (a gang slot's, taken before)."""
+    out = np.zeros(nr, dtype=np.int64)
+    for j in range(i, end):
+        r = req_rep[j]
+        if not admitted[j] and r >= 0 and r_state[r] == LIVE:
+            out[r] += 1
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _slot_of(j: int, f: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16], r_run: I64,
+             on: I64, u_slot: F64, req_rep: I64) -> int:
+    """The live replica of flavor ``f`` request ``j`` waits for: the one it took, or if that one is gone the
+    one with the fewest requests running or waiting (``on``, which counts it), ``u_slot[j]`` drawing among
+    equals. ``f`` has a live replica."""
     r = req_rep[j]
     if r >= 0 and r_state[r] == LIVE:
         return r
@@ -441,13 +465,16 @@ def _slot_of(j: int, f: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: n
         if r_state[q] == LIVE and r_flavor[q] == f:
             n += 1
     x = min(int(u_slot[j] * n), n - 1)
+    best = -1
     for q in range(nr):
-        if r_state[q] == LIVE and r_flavor[q] == f:
-            if x == 0:
-                req_rep[j] = q
-                return q
-            x -= 1
-    return -1
+        if r_state[q] != LIVE or r_flavor[q] != f:
+            continue
+        if best < 0 or r_run[q] + on[q] < r_run[best] + on[best] or (x == 0 and r_run[q] + on[q] == r_run[best] + on[best]):
+            best = q
+        x -= 1
+    req_rep[j] = best
+    on[best] += 1
+    return best
 
 
 @numba.njit(cache=True, nogil=True)

@@ -4,6 +4,8 @@ of replicas and routing weights onto slot deployments."""
 from __future__ import annotations
 
 import copy
+import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -19,8 +21,10 @@ from rayscale.serve.config import (
     parse_deployment_name,
     slot_deployment_name,
     split_deployment_name,
+    split_route_key,
     validate_serve_config,
 )
+from rayscale.serve.weights import pick_route
 
 MODEL, FLAVOR = "mistral-7b", "a10g"
 DEVICE = {"GPU": 1, "accelerator_type:A10G": 1}
@@ -49,6 +53,10 @@ def test_slot_deployment_names_split_back_and_other_names_do_not_parse() -> None
     assert parse_deployment_name("mistral-7b--a10g") == (MODEL, FLAVOR, None)
     for other in ("ingress", "a--b--slot", "a--b--slot01", "a--b--x1", "a--b--slot1--c", "--a10g"):
         assert parse_deployment_name(other) is None, other
+    # The ingress's routing keys: the deployment name without the model.
+    assert split_route_key("a10g--slot12") == (FLAVOR, 12)
+    for plain in ("a10g", "a10g--slot", "a10g--slot01", "--slot1"):
+        assert split_route_key(plain) == (plain, None), plain
 
 
 def test_a_slot_flavor_declares_one_deployment_per_slot_and_the_config_may_override_them() -> None:
@@ -118,6 +126,45 @@ def test_slot_targets_put_replicas_only_on_ready_gangs_and_keep_running_ones() -
 def test_slot_weights_split_a_flavor_over_its_running_slots() -> None:
     w = slot_weights({"a10g": 0.6, "l4": 0.4}, {"a10g": {0: 1, 1: 0, 2: 1}})
     assert w == {"a10g--slot0": 0.3, "a10g--slot1": 0.0, "a10g--slot2": 0.3, "l4": 0.4}
+
+
+def test_the_ingress_sends_a_slot_flavors_request_to_its_least_busy_slot() -> None:
+    # A flavor's share is the sum of its slots' weights; within it the request takes the slot this ingress
+    # has fewest requests in flight on (a slot that weighs nothing has no replica serving: never taken).
+    rng = random.Random(0)
+    w = {"l4": 2.0, "a10g--slot0": 1.0, "a10g--slot1": 1.0, "a10g--slot2": 0.0}
+    busy = {"a10g--slot0": 3, "a10g--slot1": 1, "a10g--slot2": 0}
+    picks = Counter(pick_route(w, busy, rng) for _ in range(4000))
+    assert set(picks) == {"l4", "a10g--slot1"}
+    assert 0.45 < picks["l4"] / 4000 < 0.55
+    # Among equally busy slots, the drawn one: each about half of the flavor's share.
+    even = Counter(pick_route(w, {}, rng) for _ in range(4000))
+    assert 0.2 < even["a10g--slot0"] / 4000 < 0.3 and 0.2 < even["a10g--slot1"] / 4000 < 0.3
+    # Requests that stay in flight spread evenly over the slots, whatever the draws.
+    in_flight: dict[str, int] = {}
+    for _ in range(100):
+        key = pick_route({"a10g--slot0": 1.0, "a10g--slot1": 1.0}, in_flight, rng)
+        in_flight[key] = in_flight.get(key, 0) + 1
+    assert in_flight == {"a10g--slot0": 50, "a10g--slot1": 50}
+
+
+def test_a_request_counts_on_its_slot_until_it_finishes_however_it_ends(ray_cluster: Any) -> None:
+    from rayscale.serve.ingress import _Tracked
+    from rayscale.serve.metrics import IngressMetrics
+
+    metrics = IngressMetrics([MODEL], replica="test-ingress")
+    in_flight = {"a10g--slot0": 0, "a10g--slot1": 0}
+    a, b = _Tracked(metrics, MODEL), _Tracked(metrics, MODEL)
+    a.route(in_flight, "a10g--slot0")
+    b.route(in_flight, "a10g--slot0")
+    b.route(in_flight, "a10g--slot1")  # routed again: counted on the new slot only
+    assert in_flight == {"a10g--slot0": 1, "a10g--slot1": 1}
+    a.finish()
+    a.finish()
+    b.answer(False)
+    assert in_flight == {"a10g--slot0": 0, "a10g--slot1": 1}
+    b.finish()
+    assert in_flight == {"a10g--slot0": 0, "a10g--slot1": 0} and metrics.in_flight[MODEL] == 0
 
 
 def test_serve_details_count_a_slot_flavor_per_flavor_and_per_slot() -> None:
