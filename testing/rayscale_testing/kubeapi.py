@@ -1460,6 +1460,52 @@ class _HTTPServer(ThreadingHTTPServer):
     api: KubeAPIServer
 
 
+@dataclass
+class _Call:
+    """One API request as KubeAPIServer.dispatch serves it, and the response headers it gathers."""
+
+    rt: ResourceType
+    version: str
+    ns: str | None
+    name: str | None
+    sub: str | None
+    query: Mapping[str, str]
+    body: Any
+    content_type: str
+    field_validation: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def out(self, o: Obj) -> Obj:
+        """An object as served: its apiVersion the one the request named."""
+        o = dict(o)
+        if o.get("kind") == self.rt.kind:
+            o["apiVersion"] = self.rt.api_version(self.version)
+        return o
+
+    def warn(self, warnings: list[str]) -> None:
+        if warnings:
+            self.headers["Warning"] = ", ".join(f'299 - "{w}"' for w in warnings)
+
+
+def _page(items: list[Obj], query: Mapping[str, str]) -> tuple[list[Obj], Obj]:
+    """A list's page after the ``continue`` token, at most ``limit`` items, and its list metadata."""
+    meta: Obj = {}
+    cont = query.get("continue")
+    if cont:
+        try:
+            after = tuple(json.loads(base64.urlsafe_b64decode(cont.encode())))
+        except (ValueError, TypeError) as exc:
+            raise bad_request("invalid continue token") from exc
+        items = [o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after]
+    limit = int(query.get("limit") or 0)
+    if limit and len(items) > limit:
+        last = items[limit - 1]["metadata"]
+        meta["continue"] = base64.urlsafe_b64encode(json.dumps([last.get("namespace", ""), last["name"]]).encode()).decode()
+        meta["remainingItemCount"] = len(items) - limit
+        items = items[:limit]
+    return items, meta
+
+
 class KubeAPIServer:
     """The emulator: ``with KubeAPIServer() as api: client = api.api_client()``.
 
@@ -1709,113 +1755,80 @@ class KubeAPIServer:
         body: Any,
         content_type: str,
     ) -> tuple[int, Any, dict[str, str]]:
-        store = self.store
         fv = query.get("fieldValidation") or self.field_validation
         if fv not in ("Strict", "Warn", "Ignore"):
             raise bad_request(f"invalid fieldValidation {fv!r}")
-        headers: dict[str, str] = {}
+        handler: Callable[[_Call], tuple[int, Any]] | None = getattr(self, f"_on_{verb}", None)
+        if handler is None:
+            raise ApiError(405, "MethodNotAllowed", f"verb {verb} is not supported")
+        call = _Call(rt, version, ns, name, sub, query, body, content_type, fv)
+        code, obj = handler(call)
+        return code, obj, call.headers
 
-        def out(o: Obj) -> Obj:
-            o = dict(o)
-            if o.get("kind") == rt.kind:
-                o["apiVersion"] = rt.api_version(version)
-            return o
+    def _on_get(self, c: _Call) -> tuple[int, Any]:
+        assert c.name is not None
+        return 200, c.out(self.store.get(c.rt.key, c.name, c.ns))
 
-        def warn(ws: list[str]) -> None:
-            if ws:
-                headers["Warning"] = ", ".join(f'299 - "{w}"' for w in ws)
-
-        if verb == "get":
-            assert name is not None
-            return 200, out(store.get(rt.key, name, ns)), headers
-        if verb == "list":
-            items, rv = store.list(rt.key, ns, query.get("labelSelector"), query.get("fieldSelector"))
-            limit = int(query.get("limit") or 0)
-            meta: Obj = {"resourceVersion": str(rv)}
-            cont = query.get("continue")
-            if cont:
-                try:
-                    after = tuple(json.loads(base64.urlsafe_b64decode(cont.encode())))
-                except (ValueError, TypeError) as exc:
-                    raise bad_request("invalid continue token") from exc
-                items = [
-                    o for o in items if (o["metadata"].get("namespace", ""), o["metadata"]["name"]) > after
-                ]
-            if limit and len(items) > limit:
-                last = items[limit - 1]["metadata"]
-                meta["continue"] = base64.urlsafe_b64encode(
-                    json.dumps([last.get("namespace", ""), last["name"]]).encode()
-                ).decode()
-                meta["remainingItemCount"] = len(items) - limit
-                items = items[:limit]
-            if not rt.crds:
-                # Typed lists from the apiserver carry no kind/apiVersion on their items.
-                for o in items:
-                    o.pop("kind", None)
-                    o.pop("apiVersion", None)
-            else:
-                items = [out(o) for o in items]
-            return (
-                200,
-                {
-                    "kind": rt.list_kind,
-                    "apiVersion": rt.api_version(version),
-                    "metadata": meta,
-                    "items": items,
-                },
-                headers,
-            )
-        if verb == "create":
-            if sub:
-                raise ApiError(405, "MethodNotAllowed", "create is not allowed on a subresource")
-            obj, ws = store.create_ex(rt.key, body or {}, ns, field_validation=fv, version=version)
-            warn(ws)
-            return 201, out(obj), headers
-        if verb == "update":
-            assert name is not None
-            obj, ws = store.update_ex(rt.key, body or {}, ns, name=name, subresource=sub, field_validation=fv)
-            warn(ws)
-            return 200, out(obj), headers
-        if verb == "patch":
-            assert name is not None
-            ctype = content_type.split(";")[0].strip()
-            if ctype not in _PATCH_TYPES:
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    f"the body of the request was in an unknown format - accepted media types include: {', '.join(_PATCH_TYPES)}",
-                )
-            obj, ws = store.patch_ex(
-                rt.key, name, body, ns, patch_type=_PATCH_TYPES[ctype], subresource=sub, field_validation=fv
-            )
-            warn(ws)
-            return 200, out(obj), headers
-        if verb == "delete":
-            assert name is not None
-            opts = body if isinstance(body, dict) else {}
-            propagation = opts.get("propagationPolicy") or query.get("propagationPolicy") or "Background"
-            obj, gone = store.delete(
-                rt.key, name, ns, preconditions=opts.get("preconditions"), propagation=propagation
-            )
-            return (200 if gone else 202), out(obj), headers
-        if verb == "deletecollection":
-            items, _ = store.list(rt.key, ns, query.get("labelSelector"), query.get("fieldSelector"))
-            deleted = []
+    def _on_list(self, c: _Call) -> tuple[int, Any]:
+        items, rv = self.store.list(c.rt.key, c.ns, c.query.get("labelSelector"), c.query.get("fieldSelector"))
+        items, page = _page(items, c.query)
+        meta = {"resourceVersion": str(rv), **page}
+        if not c.rt.crds:
+            # Typed lists from the apiserver carry no kind/apiVersion on their items.
             for o in items:
-                try:
-                    d, _ = store.delete(rt.key, o["metadata"]["name"], o["metadata"].get("namespace"))
-                    deleted.append(out(d))
-                except ApiError as e:
-                    if e.code != 404:
-                        raise
-            return (
-                200,
-                {
-                    "kind": rt.list_kind,
-                    "apiVersion": rt.api_version(version),
-                    "metadata": {},
-                    "items": deleted,
-                },
-                headers,
+                o.pop("kind", None)
+                o.pop("apiVersion", None)
+        else:
+            items = [c.out(o) for o in items]
+        return 200, {"kind": c.rt.list_kind, "apiVersion": c.rt.api_version(c.version), "metadata": meta,
+                     "items": items}
+
+    def _on_create(self, c: _Call) -> tuple[int, Any]:
+        if c.sub:
+            raise ApiError(405, "MethodNotAllowed", "create is not allowed on a subresource")
+        obj, ws = self.store.create_ex(c.rt.key, c.body or {}, c.ns, field_validation=c.field_validation,
+                                       version=c.version)
+        c.warn(ws)
+        return 201, c.out(obj)
+
+    def _on_update(self, c: _Call) -> tuple[int, Any]:
+        assert c.name is not None
+        obj, ws = self.store.update_ex(c.rt.key, c.body or {}, c.ns, name=c.name, subresource=c.sub,
+                                       field_validation=c.field_validation)
+        c.warn(ws)
+        return 200, c.out(obj)
+
+    def _on_patch(self, c: _Call) -> tuple[int, Any]:
+        assert c.name is not None
+        ctype = c.content_type.split(";")[0].strip()
+        if ctype not in _PATCH_TYPES:
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: {', '.join(_PATCH_TYPES)}",
             )
-        raise ApiError(405, "MethodNotAllowed", f"verb {verb} is not supported")
+        obj, ws = self.store.patch_ex(c.rt.key, c.name, c.body, c.ns, patch_type=_PATCH_TYPES[ctype],
+                                      subresource=c.sub, field_validation=c.field_validation)
+        c.warn(ws)
+        return 200, c.out(obj)
+
+    def _on_delete(self, c: _Call) -> tuple[int, Any]:
+        assert c.name is not None
+        opts = c.body if isinstance(c.body, dict) else {}
+        propagation = opts.get("propagationPolicy") or c.query.get("propagationPolicy") or "Background"
+        obj, gone = self.store.delete(c.rt.key, c.name, c.ns, preconditions=opts.get("preconditions"),
+                                      propagation=propagation)
+        return (200 if gone else 202), c.out(obj)
+
+    def _on_deletecollection(self, c: _Call) -> tuple[int, Any]:
+        items, _ = self.store.list(c.rt.key, c.ns, c.query.get("labelSelector"), c.query.get("fieldSelector"))
+        deleted = []
+        for o in items:
+            try:
+                d, _ = self.store.delete(c.rt.key, o["metadata"]["name"], o["metadata"].get("namespace"))
+                deleted.append(c.out(d))
+            except ApiError as e:
+                if e.code != 404:
+                    raise
+        return 200, {"kind": c.rt.list_kind, "apiVersion": c.rt.api_version(c.version), "metadata": {},
+                     "items": deleted}
