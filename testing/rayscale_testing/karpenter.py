@@ -174,6 +174,19 @@ def condition_status(obj: Obj, type_: str) -> str | None:
     return None
 
 
+def _node_labels(claim: Obj, node_name: str) -> dict[str, str]:
+    """A registered node's labels: each single-value In requirement of its claim, the claim's own labels,
+    then the ones the kubelet and Karpenter set."""
+    labels: dict[str, str] = {}
+    for r in (claim.get("spec") or {}).get("requirements") or ():
+        if r.get("operator") == "In" and len(r.get("values") or []) == 1:
+            labels[r["key"]] = r["values"][0]
+    labels.update(claim["metadata"].get("labels") or {})
+    labels.update({"kubernetes.io/hostname": node_name, "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
+                   "karpenter.sh/registered": "true"})
+    return labels
+
+
 class KarpenterStandIn(StandIn):
     watched = ("nodeclaims", "nodes")
 
@@ -370,19 +383,7 @@ class KarpenterStandIn(StandIn):
         spec = claim.get("spec") or {}
         status = claim.get("status") or {}
         node_name = self._node_name(claim)
-        labels: dict[str, str] = {}
-        for r in spec.get("requirements") or ():
-            if r.get("operator") == "In" and len(r.get("values") or []) == 1:
-                labels[r["key"]] = r["values"][0]
-        labels.update(meta.get("labels") or {})
-        labels.update(
-            {
-                "kubernetes.io/hostname": node_name,
-                "kubernetes.io/arch": "amd64",
-                "kubernetes.io/os": "linux",
-                "karpenter.sh/registered": "true",
-            }
-        )
+        labels = _node_labels(claim, node_name)
         extended = (
             set(self.config.instance_types[labels[L_INSTANCE_TYPE]].extended)
             if labels.get(L_INSTANCE_TYPE) in self.config.instance_types

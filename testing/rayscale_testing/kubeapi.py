@@ -571,6 +571,82 @@ class WatchEvent:
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what apiserver's generateName uses
 
 
+def _to_create(rt: ResourceType, body: Any, namespace: str | None, version: str | None) -> tuple[Obj, str]:
+    """A create's body checked as the apiserver checks it before storage (kind, apiVersion, no
+    resourceVersion, the namespace of the URL), as a copy with those set; and its namespace ("" if none)."""
+    if not isinstance(body, Mapping):
+        raise bad_request("the body of a create must be an object")
+    obj: Obj = copy.deepcopy(dict(body))
+    meta = obj.setdefault("metadata", {})
+    if not isinstance(meta, dict):
+        raise bad_request("metadata must be an object")
+    api_version = rt.api_version(version)
+    if obj.get("apiVersion") not in (None, api_version) or obj.get("kind") not in (None, rt.kind):
+        raise bad_request(
+            f"the API version in the data ({obj.get('apiVersion')}) or kind ({obj.get('kind')}) "
+            f"does not match the expected {api_version} {rt.kind}"
+        )
+    obj["apiVersion"], obj["kind"] = api_version, rt.kind
+    if meta.get("resourceVersion"):
+        raise bad_request("resourceVersion should not be set on objects to be created")
+    if not rt.namespaced:
+        meta.pop("namespace", None)
+        return obj, ""
+    ns = namespace or meta.get("namespace") or ""
+    if not ns:
+        raise bad_request("the namespace of the object is required")
+    if meta.get("namespace") not in (None, "", ns):
+        raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+    meta["namespace"] = ns
+    return obj, ns
+
+
+def _check_update(rt: ResourceType, name: str, nmeta: Mapping[str, Any], cmeta: Mapping[str, Any]) -> None:
+    """A PUT's preconditions: 409 on a stale resourceVersion or another object's uid."""
+    if nmeta.get("resourceVersion") and nmeta["resourceVersion"] != cmeta["resourceVersion"]:
+        raise conflict(
+            rt, name, "the object has been modified; please apply your changes to the latest version and try again"
+        )
+    if nmeta.get("uid") and nmeta["uid"] != cmeta["uid"]:
+        raise conflict(
+            rt, name, f"Precondition failed: UID in precondition: {nmeta['uid']}, UID in object meta: {cmeta['uid']}"
+        )
+
+
+def _updated(rt: ResourceType, name: str, new: Obj, cur: Obj, subresource: str | None) -> Obj:
+    """What a PUT stores before validation: on /status the current object with the new status; on the main
+    resource the new object with the current status (where status is a subresource) and the metadata the
+    server owns; no finalizer may be added to an object being deleted."""
+    if subresource == "status":
+        merged = copy.deepcopy(cur)
+        if "status" in new:
+            merged["status"] = new["status"]
+        else:
+            merged.pop("status", None)
+        return merged
+    if subresource:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({subresource})")
+    nmeta, cmeta = new["metadata"], cur["metadata"]
+    new["apiVersion"], new["kind"] = cur["apiVersion"], rt.kind
+    if rt.status_subresource:
+        if "status" in cur:
+            new["status"] = copy.deepcopy(cur["status"])
+        else:
+            new.pop("status", None)
+    for k in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+              "generation"):
+        if k in cmeta:
+            nmeta[k] = cmeta[k]
+        else:
+            nmeta.pop(k, None)
+    if cmeta.get("deletionTimestamp"):
+        added = set(nmeta.get("finalizers") or ()) - set(cmeta.get("finalizers") or ())
+        if added:
+            raise invalid(rt, name, [("metadata.finalizers", "Forbidden: no new finalizers can be added if the "
+                                      f"object is being deleted, found new finalizers {sorted(added)}")])
+    return new
+
+
 class Store:
     """Objects, the resourceVersion counter and the event history. Thread-safe; HTTP-free.
 
@@ -763,33 +839,8 @@ class Store:
         version: str | None = None,
     ) -> tuple[Obj, builtins.list[str]]:
         rt = self.type_for(type_name)
-        if not isinstance(body, Mapping):
-            raise bad_request("the body of a create must be an object")
-        obj: Obj = copy.deepcopy(dict(body))
-        meta = obj.setdefault("metadata", {})
-        if not isinstance(meta, dict):
-            raise bad_request("metadata must be an object")
-        api_version = rt.api_version(version)
-        if obj.get("apiVersion") not in (None, api_version) or obj.get("kind") not in (None, rt.kind):
-            raise bad_request(
-                f"the API version in the data ({obj.get('apiVersion')}) or kind ({obj.get('kind')}) "
-                f"does not match the expected {api_version} {rt.kind}"
-            )
-        obj["apiVersion"], obj["kind"] = api_version, rt.kind
-        if meta.get("resourceVersion"):
-            raise bad_request("resourceVersion should not be set on objects to be created")
-        ns = ""
-        if rt.namespaced:
-            ns = namespace or meta.get("namespace") or ""
-            if not ns:
-                raise bad_request("the namespace of the object is required")
-            if meta.get("namespace") not in (None, "", ns):
-                raise bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["namespace"] = ns
-        else:
-            meta.pop("namespace", None)
+        obj, ns = _to_create(rt, body, namespace, version)
+        meta = obj["metadata"]
         with self.lock:
             if not meta.get("name") and meta.get("generateName"):
                 for _ in range(100):
@@ -876,62 +927,8 @@ class Store:
             if cur is None:
                 raise not_found(rt, name)
             cmeta = cur["metadata"]
-            if nmeta.get("resourceVersion") and nmeta["resourceVersion"] != cmeta["resourceVersion"]:
-                raise conflict(
-                    rt,
-                    name,
-                    "the object has been modified; please apply your changes to the latest version and try again",
-                )
-            if nmeta.get("uid") and nmeta["uid"] != cmeta["uid"]:
-                raise conflict(
-                    rt,
-                    name,
-                    f"Precondition failed: UID in precondition: {nmeta['uid']}, UID in object meta: {cmeta['uid']}",
-                )
-            if subresource == "status":
-                merged = copy.deepcopy(cur)
-                if "status" in new:
-                    merged["status"] = new["status"]
-                else:
-                    merged.pop("status", None)
-                new = merged
-            elif subresource:
-                raise ApiError(
-                    404, "NotFound", f"the server could not find the requested resource ({subresource})"
-                )
-            else:
-                new["apiVersion"], new["kind"] = cur["apiVersion"], rt.kind
-                if rt.status_subresource:
-                    if "status" in cur:
-                        new["status"] = copy.deepcopy(cur["status"])
-                    else:
-                        new.pop("status", None)
-                for k in (
-                    "name",
-                    "namespace",
-                    "uid",
-                    "creationTimestamp",
-                    "deletionTimestamp",
-                    "deletionGracePeriodSeconds",
-                    "generation",
-                ):
-                    if k in cmeta:
-                        nmeta[k] = cmeta[k]
-                    else:
-                        nmeta.pop(k, None)
-                if cmeta.get("deletionTimestamp"):
-                    added = set(nmeta.get("finalizers") or ()) - set(cmeta.get("finalizers") or ())
-                    if added:
-                        raise invalid(
-                            rt,
-                            name,
-                            [
-                                (
-                                    "metadata.finalizers",
-                                    f"Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)}",
-                                )
-                            ],
-                        )
+            _check_update(rt, name, nmeta, cmeta)
+            new = _updated(rt, name, new, cur, subresource)
             new["metadata"]["resourceVersion"] = cmeta["resourceVersion"]
             new, warnings = self._validate(rt, new, cur, name, field_validation)
             if new == cur:
@@ -1227,6 +1224,49 @@ _PATCH_TYPES = {
 }
 
 
+def _watch_start(store: Store, rt: ResourceType, ns: str | None, ls: LabelSelector, fs: FieldSelector,
+                 rv_param: str) -> tuple[list[tuple[str, Obj]], int, bool]:
+    """A watch's start: with no resourceVersion (or "0") the current objects as ADDED events and the list's
+    resourceVersion; else none, the given one, and whether it was compacted away (410 Expired)."""
+    with store.lock:
+        if rv_param in ("", "0"):
+            items, cursor = store.list(rt.key, ns, ls, fs)
+            return [("ADDED", o) for o in items], cursor, False
+        try:
+            cursor = int(rv_param)
+        except ValueError as exc:
+            raise bad_request(f"invalid resourceVersion {rv_param!r}") from exc
+        return [], cursor, cursor < store.compacted_rv
+
+
+def _stream_events(api: KubeAPIServer, generation: int, rt: ResourceType, ns: str | None, ls: LabelSelector,
+                   fs: FieldSelector, cursor: int, deadline: float, send: Callable[[str, Any], None]) -> None:
+    """The events after ``cursor`` that match the watch, as they happen, until the deadline, the server
+    stops or watches are cut (``api.watch_generation`` moves past ``generation``); an ERROR event where the
+    cursor was compacted away."""
+    store = api.store
+    while not api.stopping and api.watch_generation == generation:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        with store.lock:
+            try:
+                events = store.events_after(cursor)
+            except ApiError as e:
+                send("ERROR", e.status())
+                return
+            if not events:
+                store.changed.wait(min(remaining, 0.25))
+                continue
+            cursor = events[-1].rv
+        for ev in events:
+            if ev.type_key != rt.key:
+                continue
+            out = _filter_event(ev, ns, ls, fs)
+            if out is not None:
+                send(out, ev.obj)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
@@ -1338,18 +1378,7 @@ class _Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + timeout
         store = api.store
         rv_param = query.get("resourceVersion", "")
-        initial: list[tuple[str, Obj]] = []
-        expired = False
-        with store.lock:
-            if rv_param in ("", "0"):
-                items, cursor = store.list(rt.key, ns, ls, fs)
-                initial = [("ADDED", o) for o in items]
-            else:
-                try:
-                    cursor = int(rv_param)
-                except ValueError as exc:
-                    raise bad_request(f"invalid resourceVersion {rv_param!r}") from exc
-                expired = cursor < store.compacted_rv
+        initial, cursor, expired = _watch_start(store, rt, ns, ls, fs, rv_param)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -1376,26 +1405,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             for type_, o in initial:
                 send(type_, o)
-            while not api.stopping and api.watch_generation == generation:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                with store.lock:
-                    try:
-                        events = store.events_after(cursor)
-                    except ApiError as e:
-                        send("ERROR", e.status())
-                        return
-                    if not events:
-                        store.changed.wait(min(remaining, 0.25))
-                        continue
-                    cursor = events[-1].rv
-                for ev in events:
-                    if ev.type_key != rt.key:
-                        continue
-                    out = _filter_event(ev, ns, ls, fs)
-                    if out is not None:
-                        send(out, ev.obj)
+            _stream_events(api, generation, rt, ns, ls, fs, cursor, deadline, send)
         except (BrokenPipeError, ConnectionResetError, OSError):
             return
         finally:
@@ -1458,6 +1468,17 @@ class _HTTPServer(ThreadingHTTPServer):
     block_on_close = False
     allow_reuse_address = True
     api: KubeAPIServer
+
+
+def _api_resources(t: ResourceType) -> list[Obj]:
+    """A type's entries in its group version's APIResourceList: the resource, and its status subresource."""
+    verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+    out: list[Obj] = [{"name": t.plural, "singularName": t.singular, "namespaced": t.namespaced, "kind": t.kind,
+                       "verbs": verbs, "shortNames": list(t.short_names)}]
+    if t.status_subresource:
+        out.append({"name": f"{t.plural}/status", "singularName": "", "namespaced": t.namespaced, "kind": t.kind,
+                    "verbs": ["get", "patch", "update"]})
+    return out
 
 
 @dataclass
@@ -1673,44 +1694,12 @@ class KubeAPIServer:
             group, version = ("", "v1") if m.group(1) else (m.group(2), m.group(3))
             if version not in gvs.get(group, []):
                 return None
-            resources = []
-            for t in self.store.types.values():
-                if t.group != group or version not in t.versions:
-                    continue
-                resources.append(
-                    {
-                        "name": t.plural,
-                        "singularName": t.singular,
-                        "namespaced": t.namespaced,
-                        "kind": t.kind,
-                        "verbs": [
-                            "create",
-                            "delete",
-                            "deletecollection",
-                            "get",
-                            "list",
-                            "patch",
-                            "update",
-                            "watch",
-                        ],
-                        "shortNames": list(t.short_names),
-                    }
-                )
-                if t.status_subresource:
-                    resources.append(
-                        {
-                            "name": f"{t.plural}/status",
-                            "singularName": "",
-                            "namespaced": t.namespaced,
-                            "kind": t.kind,
-                            "verbs": ["get", "patch", "update"],
-                        }
-                    )
+            types = [t for t in self.store.types.values() if t.group == group and version in t.versions]
             return {
                 "kind": "APIResourceList",
                 "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else "v1",
-                "resources": resources,
+                "resources": [r for t in types for r in _api_resources(t)],
             }
         return None
 
