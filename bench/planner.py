@@ -100,15 +100,10 @@ def time_plan(cat: Catalog, sig: dict[str, ModelSignals], solver: str, repeat: i
     return statistics.median(times) * 1000, cost, short
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1,10,100,1000")
-    ap.add_argument("--out")
-    ap.add_argument("--against", metavar="REV",
-                    help="also time later steps with the rayscale of git revision REV, alternating with this checkout's")
-    args = ap.parse_args()
+def plan_table(sizes: list[int]) -> str:
+    """Estimate + plan from scratch per catalog size: each solver's median time, cost and shortfalls."""
     rows = []
-    for n in [int(x) for x in args.sizes.split(",")]:
+    for n in sizes:
         cat, sig = synthetic(n)
         repeat = 7 if n <= 100 else 3
         auto_ms, _, _ = time_plan(cat, sig, "auto", repeat)
@@ -119,11 +114,14 @@ def main() -> None:
         rows.append([n, 20, p.method, round(auto_ms, 1), round(e_ms, 1), round(g_ms, 1), round(e_cost, 2),
                      round(g_cost, 2), f"{gap:+.2f}%", f"{e_short}/{g_short}"])
         print(f"{n} models done", flush=True)
-    table = format_table(["models", "flavors", "auto uses", "auto ms", "exact ms", "greedy ms", "exact $/h",
-                          "greedy $/h", "greedy gap", "shortfalls e/g"], rows)
-    print(table)
+    return format_table(["models", "flavors", "auto uses", "auto ms", "exact ms", "greedy ms", "exact $/h",
+                         "greedy $/h", "greedy gap", "shortfalls e/g"], rows)
+
+
+def step_table(sizes: list[int]) -> str:
+    """One whole step with the shipped settings, first and later, per catalog size of 100 models or more."""
     step_rows = []
-    for n in [int(x) for x in args.sizes.split(",") if int(x) >= 100]:
+    for n in [x for x in sizes if x >= 100]:
         for scale, limit in [(1.0, 400)] + ([(3.0, 1200)] if n >= 1000 else []):
             cat, sig = synthetic(n, rate_scale=scale, device_limit=limit)
             for observed in (False, True):
@@ -131,44 +129,62 @@ def main() -> None:
                 _, later_default_gc, _ = time_step(cat, sig, 5, observed, default_gc=True)
                 step_rows.append([n, 20, f"{scale:g}x", limit, nodes, "observed" if observed else "fixed",
                                   round(first, 1), round(later, 1), round(later_default_gc, 1)])
-    step_table = format_table(["models", "flavors", "demand", "devices/flavor", "nodes in view", "signals",
-                               "first step ms", "later steps ms", "later, default GC"], step_rows)
-    print(step_table)
+    return format_table(["models", "flavors", "demand", "devices/flavor", "nodes in view", "signals",
+                         "first step ms", "later steps ms", "later, default GC"], step_rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="1,10,100,1000")
+    ap.add_argument("--out")
+    ap.add_argument("--against", metavar="REV",
+                    help="also time later steps with the rayscale of git revision REV, alternating with this checkout's")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.sizes.split(",")]
+    table = plan_table(sizes)
+    print(table)
+    steps = step_table(sizes)
+    print(steps)
     against = against_table(args.against) if args.against else ""
     print(against)
     counted = instructions_table(args.against) if args.against else ""
     print(counted)
     if args.out:
         with open(args.out, "w") as f:
-            f.write("# Planner benchmark\n\n")
-            f.write(f"Command: `.venv/bin/python -m bench.planner {' '.join(sys.argv[1:])}`\n\n")
-            f.write(f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores; Python "
-                    f"{platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n")
-            f.write("Time is one reconcile (estimate + plan) from scratch, median. Goal: 100 x 20 <= 50 ms, "
-                    "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
-            f.write("\nOne `rayscale.core.step.step` (history, corrections, estimate, plan, act decisions) with the "
-                    "shipped settings: first on an empty cluster, then on the cluster its plan asked for (every "
-                    "replica a ready gang), carrying the state of the step before; median of 5 later steps. "
-                    "Signals `fixed`: the same every period; `observed`: new every period as a running fleet "
-                    "reports them (prompts drifting 0.5% a period, prefix-cache hit rates 0.1-0.5 read over 30 s, "
-                    "every running flavor's latency, so corrections update; `bench.planner.Observed`). The "
-                    "process's collector is set up as `rayscale controller` does "
-                    "(`rayscale.controller.heap.settle_heap`); `later, default GC` is the same steps with "
-                    "CPython's thresholds. Goal: 1,000 x 20 with ~10,000 nodes in the view <= 200 ms.\n\n```\n"
-                    + step_table + "\n```\n")
-            if against:
-                f.write(f"\nThe same later steps (1,000 x 20, 3x demand) with the rayscale of git {args.against} and "
-                        "with this checkout's, each in a process of its own, alternating (`--against "
-                        f"{args.against}`; `bench/step_timing.py`):\n\n```\n" + against + "\n```\n")
-            if against:
-                f.write("\nWall time on a shared 2-core host can move by a third from one run to the next: the "
-                        "alternating rounds, their fastest, and the instruction counts below compare code; a single "
-                        "figure above describes the host at that moment as much as the step.\n")
-            if counted:
-                f.write("\nInstructions per later step of the same two, counted by valgrind's callgrind over 2 steps "
-                        "(`bench.planner.instructions_table`): exact and repeatable where the wall time of a shared "
-                        "host is not, blind to memory stalls (the collector's scans among them).\n\n```\n"
-                        + counted + "\n```\n")
+            f.write(report(table, steps, args.against, against, counted))
+
+
+def report(table: str, steps: str, rev: str | None, against: str, counted: str) -> str:
+    """The markdown record of one run."""
+    text = ("# Planner benchmark\n\n"
+            f"Command: `.venv/bin/python -m bench.planner {' '.join(sys.argv[1:])}`\n\n"
+            f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores; Python "
+            f"{platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n"
+            "Time is one reconcile (estimate + plan) from scratch, median. Goal: 100 x 20 <= 50 ms, "
+            "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
+    text += ("\nOne `rayscale.core.step.step` (history, corrections, estimate, plan, act decisions) with the "
+             "shipped settings: first on an empty cluster, then on the cluster its plan asked for (every "
+             "replica a ready gang), carrying the state of the step before; median of 5 later steps. "
+             "Signals `fixed`: the same every period; `observed`: new every period as a running fleet "
+             "reports them (prompts drifting 0.5% a period, prefix-cache hit rates 0.1-0.5 read over 30 s, "
+             "every running flavor's latency, so corrections update; `bench.planner.Observed`). The "
+             "process's collector is set up as `rayscale controller` does "
+             "(`rayscale.controller.heap.settle_heap`); `later, default GC` is the same steps with "
+             "CPython's thresholds. Goal: 1,000 x 20 with ~10,000 nodes in the view <= 200 ms.\n\n```\n"
+             + steps + "\n```\n")
+    if against:
+        text += (f"\nThe same later steps (1,000 x 20, 3x demand) with the rayscale of git {rev} and "
+                 "with this checkout's, each in a process of its own, alternating (`--against "
+                 f"{rev}`; `bench/step_timing.py`):\n\n```\n" + against + "\n```\n")
+        text += ("\nWall time on a shared 2-core host can move by a third from one run to the next: the "
+                 "alternating rounds, their fastest, and the instruction counts below compare code; a single "
+                 "figure above describes the host at that moment as much as the step.\n")
+    if counted:
+        text += ("\nInstructions per later step of the same two, counted by valgrind's callgrind over 2 steps "
+                 "(`bench.planner.instructions_table`): exact and repeatable where the wall time of a shared "
+                 "host is not, blind to memory stalls (the collector's scans among them).\n\n```\n"
+                 + counted + "\n```\n")
+    return text
 
 
 ROOT = Path(__file__).resolve().parent.parent

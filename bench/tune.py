@@ -58,9 +58,13 @@ COLD_GAIN = 0.005  # a from-cold rise this large, where the shipped settings mis
 
 def variants() -> dict[str, Settings]:
     s = Settings()
-    est, pl, fb = s.estimate, s.planner, s.feedback
+    return {SHIPPED: s, **_forecast_variants(s), **_feedback_variants(s), **_planner_variants(s)}
+
+
+def _forecast_variants(s: Settings) -> dict[str, Settings]:
+    """Variants of the signals, the forecast, the utilisation and the burst floor."""
+    est, pl = s.estimate, s.planner
     return {
-        SHIPPED: s,
         # The arrival rate also read over the last 10 s of the window, the larger of the two counting
         # (bench/results/tune_fast_window.md).
         "fast window 10 s": replace(s, fast_window_s=10.0),
@@ -77,6 +81,13 @@ def variants() -> dict[str, Settings]:
         "peak hold 10 min": replace(s, peak_hold_s=600.0),
         "burst floor over 30 min": replace(s, burst_history_s=1800.0),
         "burst floor over 30 min and peak hold 20 min": replace(s, burst_history_s=1800.0, peak_hold_s=1200.0),
+    }
+
+
+def _feedback_variants(s: Settings) -> dict[str, Settings]:
+    """Variants of SLO feedback and of what a scale-down keeps of a rise."""
+    fb = s.feedback
+    return {
         "no SLO feedback": replace(s, feedback=replace(fb, enabled=False)),
         "feedback relax 0.2/h": replace(s, feedback=replace(fb, relax_per_h=0.2)),
         "feedback relax 0.4/h": replace(s, feedback=replace(fb, relax_per_h=0.4)),
@@ -114,6 +125,13 @@ def variants() -> dict[str, Settings]:
         "scale-down keeps the 20-min rise": replace(s, rise_window_s=1200.0),
         "feedback not applied 0.1 over the level held": replace(s, feedback=replace(fb, rise_above=0.1)),
         "feedback not applied 0.3 over the level held": replace(s, feedback=replace(fb, rise_above=0.3)),
+    }
+
+
+def _planner_variants(s: Settings) -> dict[str, Settings]:
+    """Variants of the planner's bands, tolerances and moves, and of the request mix's span."""
+    pl = s.planner
+    return {
         "hysteresis band 0.1": replace(s, planner=replace(pl, hysteresis_band=0.1)),
         "hysteresis band 0.15": replace(s, planner=replace(pl, hysteresis_band=0.15)),
         "band 0.1 where bursts last a minute": replace(s, planner=replace(pl, smooth_hysteresis_band=0.1)),
