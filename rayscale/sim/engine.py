@@ -700,7 +700,8 @@ class Engine:
 
     def set_flavor_weights(self, weights: npt.ArrayLike, slotted: npt.ArrayLike | None = None) -> None:
         """The routing weight of each flavor index (EngineConfig.routing "flavor-weights"), and which flavors
-        route to a replica drawn per request, as to a multi-node flavor's gang slots (None: none)."""
+        send each request to one replica that it then waits for, as to a multi-node flavor's gang slots (None:
+        none)."""
         w = np.asarray(weights, dtype=np.float64)
         if w.ndim != 1 or not np.all(w >= 0):
             raise ValueError(f"flavor weights must be one non-negative weight per flavor, got {w}")

@@ -155,7 +155,7 @@ class Simulation:
         self.cluster = Cluster(catalog, cfg.model, self.engine, flavors, self.rng, cfg.cloud, policy.actuator,
                                slot_cap=policy.slot_cap)
         self.flavors = flavors
-        # Multi-node flavors: a Serve deployment per gang slot, so the ingress draws a replica per request.
+        # Multi-node flavors: a Serve deployment per gang slot, so each request takes one replica and waits for it.
         self._slotted = [_multi_node(catalog, cfg.model, f) for f in flavors]
         self._done: deque[tuple[float, np.ndarray]] = deque()  # (tick end, finished trace indices)
         self._ongoing: deque[tuple[float, float]] = deque()
