@@ -83,25 +83,25 @@ def capacities(i: int) -> list[list[Any]]:
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="bench/results/chunk_choice.md")
-    args = ap.parse_args()
-    seeds = [int(x) for x in args.seeds.split(",")]
-    t0 = time.perf_counter()
-    choice_rows, differ = [], []
+def choices() -> tuple[list[list[Any]], list[int]]:
+    """Per trace, the declared mix and the chunk chosen per flavor; the traces where some chunk is not 2,048."""
+    rows, differ = [], []
     for i, name in enumerate(SHORT):
         _, cat = declared(i, 0)
         mix = cat.models[MODEL].request_mix
         assert mix is not None
         chosen = choose_chunks(cat)
-        choice_rows.append([name, f"{mix.prompt_mean:.0f} / {mix.prompt_p95:.0f} / {mix.output_mean:.1f}",
-                            ", ".join(f"{f} {c}" for (_, f), c in sorted(chosen.items()))])
+        rows.append([name, f"{mix.prompt_mean:.0f} / {mix.prompt_p95:.0f} / {mix.output_mean:.1f}",
+                     ", ".join(f"{f} {c}" for (_, f), c in sorted(chosen.items()))])
         if any(c != CHUNK_TOKENS for c in chosen.values()):
             differ.append(i)
-    with ProcessPoolExecutor(args.jobs) as pool:
+    return rows, differ
+
+
+def comparisons(differ: list[int], seeds: list[int], jobs: int) -> tuple[list[list[Any]], list[list[Any]],
+                                                                        list[list[Any]]]:
+    """(capacity rows, per-seed rows, summary rows): both chunk choices replayed on each trace in ``differ``."""
+    with ProcessPoolExecutor(jobs) as pool:
         futs = {(i, s, t): pool.submit(one, i, s, t) for i in differ for s in seeds for t in (False, True)}
         caps = {i: pool.submit(capacities, i) for i in differ}
         res = {k: f.result() for k, f in futs.items()}
@@ -118,10 +118,16 @@ def main() -> int:
         slo_s = [100 * (res[(i, s, True)][2] - res[(i, s, False)][2]) for s in seeds]
         summary.append([SHORT[i], f"{100 * statistics.median(dc):+.1f}%", f"{100 * statistics.median(ds):+.1f}%",
                         f"{min(slo_c):+.2f} .. {max(slo_c):+.2f} pp", f"{min(slo_s):+.2f} .. {max(slo_s):+.2f} pp"])
-    text = (
+    return cap_rows, rows, summary
+
+
+def report(seeds: str, jobs: int, wall_s: float, choice_rows: list[list[Any]], cap_rows: list[list[Any]],
+           rows: list[list[Any]], summary: list[list[Any]]) -> str:
+    """The markdown record of one run."""
+    return (
         "# Prefill chunk: what rayscale deploys vs vLLM's default (max_num_batched_tokens 2,048)\n\n"
-        f"`python -m bench.chunk_choice --seeds {args.seeds}` on {platform.node() or 'this machine'} "
-        f"({platform.machine()}), {time.perf_counter() - t0:.0f} s wall, {args.jobs} processes.\n\n"
+        f"`python -m bench.chunk_choice --seeds {seeds}` on {platform.node() or 'this machine'} "
+        f"({platform.machine()}), {wall_s:.0f} s wall, {jobs} processes.\n\n"
         "A short answer that shares an engine iteration with a full prefill chunk takes that chunk into its "
         "TPOT (rayscale.core.chunk). rayscale picks, per flavor, the chunk at which one replica's capacity at the "
         "SLO is largest for the model's declared request mix (here each trace's own: `--request-mix trace`), "
@@ -143,6 +149,18 @@ def main() -> int:
            "Median cost change over the seeds and the range of the change in SLO attainment:\n\n```\n"
            + format_table(["trace", "d$ cold", "d$ steady", "d SLO cold", "d SLO steady"], summary) + "\n```\n"
            if rows else "No trace's mix moves any flavor off 2,048: nothing to compare.\n"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="bench/results/chunk_choice.md")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    choice_rows, differ = choices()
+    cap_rows, rows, summary = comparisons(differ, [int(x) for x in args.seeds.split(",")], args.jobs)
+    text = report(args.seeds, args.jobs, time.perf_counter() - t0, choice_rows, cap_rows, rows, summary)
     Path(args.out).write_text(text)
     print(text)
     return 0

@@ -291,21 +291,10 @@ def _kill_tree(procs: list[Any], grace_s: float = 15.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def run_stock(root: Path, max_ongoing: int | None) -> dict[str, Any]:
-    """Ray's own autoscaler (v1 monitor, fake multi-node provider) + Serve autoscaling, on this machine.
-
-    Started like ``ray.cluster_utils.AutoscalingCluster.start`` does, but without its ``ray stop --force``
-    (which would kill every Ray process on the machine) and without its example.yaml, which the Ray 2.60
-    wheel lacks; torn down by killing this head's process tree only.
-    """
-    import ray
-    from ray import serve
-
-    from rayscale.loadgen import wait_ready
-
-    gcs_port = free_port()
-    events = root / "nodes.jsonl"
-    config = {
+def _autoscaler_config(root: Path, gcs_port: int, events: Path) -> dict[str, Any]:
+    """The cluster config Ray's v1 monitor runs on: one head and up to MAX_WORKERS a10g stand-in nodes from
+    bench.fake_provider, started LAUNCH_DELAY_S after they are asked for."""
+    return {
         "cluster_name": "bench-stock",
         "max_workers": MAX_WORKERS,
         "provider": {"type": "external", "module": "bench.fake_provider.DelayedFakeProvider",
@@ -326,15 +315,63 @@ def run_stock(root: Path, max_ongoing: int | None) -> dict[str, Any]:
         "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
         "rsync_exclude": [], "rsync_filter": [],
     }
+
+
+def _head_command(root: Path, gcs_port: int, cfg_path: Path) -> list[str]:
+    """``ray start --head`` with the autoscaler config, on this machine's address and free ports."""
+    return [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--node-ip-address={NODE_IP}",
+            f"--port={gcs_port}", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={root}",
+            f"--object-store-memory={256 * 1024**2}", f"--autoscaling-config={cfg_path}",
+            "--dashboard-host", NODE_IP, "--dashboard-port", str(free_port()), "--disable-usage-stats"]
+
+
+def _live_nodes(events: Path) -> int:
+    """Worker nodes started and not yet stopped, from the fake provider's event log."""
+    live: set[str] = set()
+    if events.exists():
+        for line in events.read_text().splitlines():
+            e = json.loads(line)
+            (live.add if e["event"] == "start" else live.discard)(e["node"])
+    return len(live)
+
+
+def _stock_record(res: Any, sampler: Sampler, events: Path, max_ongoing: int | None) -> dict[str, Any]:
+    """One stock run's raw record: the requests, the samples, the node events and the effective config."""
+    import ray
+    from ray.serve.config import AutoscalingConfig
+
+    registered = [n for n in ray.nodes() if n.get("Alive") and n.get("NodeManagerAddress") and
+                  "accelerator_type:A10G" in n.get("Resources", {})]
+    eff = AutoscalingConfig(**STOCK_AUTOSCALING)
+    return {"results": [_asdict(r) for r in res.results], "samples": sampler.rows, "t0": sampler.t0,
+            "summary": res.summary.to_dict(), "workers_alive_at_end": len(registered),
+            "node_events": [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else [],
+            "autoscaling_config": json.loads(eff.model_dump_json() if hasattr(eff, "model_dump_json")
+                                             else eff.json()),
+            "max_ongoing_requests": max_ongoing}
+
+
+def run_stock(root: Path, max_ongoing: int | None) -> dict[str, Any]:
+    """Ray's own autoscaler (v1 monitor, fake multi-node provider) + Serve autoscaling, on this machine.
+
+    Started like ``ray.cluster_utils.AutoscalingCluster.start`` does, but without its ``ray stop --force``
+    (which would kill every Ray process on the machine) and without its example.yaml, which the Ray 2.60
+    wheel lacks; torn down by killing this head's process tree only.
+    """
+    import ray
+    from ray import serve
+
+    from rayscale.loadgen import wait_ready
+
+    gcs_port = free_port()
+    events = root / "nodes.jsonl"
+    config = _autoscaler_config(root, gcs_port, events)
     cfg_path = root / "autoscaler.json"
     cfg_path.write_text(json.dumps(config))
     env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
            "RAY_metrics_report_interval_ms": "1000",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    cmd = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", f"--node-ip-address={NODE_IP}",
-           f"--port={gcs_port}", "--num-cpus=2", "--num-gpus=0", f"--temp-dir={root}",
-           f"--object-store-memory={256 * 1024**2}", f"--autoscaling-config={cfg_path}",
-           "--dashboard-host", NODE_IP, "--dashboard-port", str(free_port()), "--disable-usage-stats"]
+    cmd = _head_command(root, gcs_port, cfg_path)
     head_log = open(root / "head.log", "w")  # noqa: SIM115 - closed in finally
     head = subprocess.Popen(cmd, env=env, stdout=head_log, stderr=subprocess.STDOUT, cwd=ROOT,
                             start_new_session=True)
@@ -354,28 +391,13 @@ def run_stock(root: Path, max_ongoing: int | None) -> dict[str, Any]:
         time.sleep(5.0)
 
         def nodes() -> int:
-            live: set[str] = set()
-            if events.exists():
-                for line in events.read_text().splitlines():
-                    e = json.loads(line)
-                    (live.add if e["event"] == "start" else live.discard)(e["node"])
-            return len(live)
+            return _live_nodes(events)
 
         sampler = Sampler(nodes, serve_replicas)
         log(f"stock (max_ongoing_requests {max_ongoing or 'default'}): {nodes()} node, replicas "
             f"{serve_replicas()}; replaying the step")
         res = replay_step(url, sampler)
-        registered = [n for n in ray.nodes() if n.get("Alive") and n.get("NodeManagerAddress") and
-                      "accelerator_type:A10G" in n.get("Resources", {})]
-        from ray.serve.config import AutoscalingConfig
-
-        eff = AutoscalingConfig(**STOCK_AUTOSCALING)
-        return {"results": [_asdict(r) for r in res.results], "samples": sampler.rows, "t0": sampler.t0,
-                "summary": res.summary.to_dict(), "workers_alive_at_end": len(registered),
-                "node_events": [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else [],
-                "autoscaling_config": json.loads(eff.model_dump_json() if hasattr(eff, "model_dump_json")
-                                                 else eff.json()),
-                "max_ongoing_requests": max_ongoing}
+        return _stock_record(res, sampler, events, max_ongoing)
     finally:
         if connected:
             bounded(serve.shutdown, 60)
@@ -548,6 +570,29 @@ def machine() -> str:
             f"{git_state()}; {time.strftime('%Y-%m-%d %H:%M %Z')}")
 
 
+def _run_details(r: dict[str, Any], d: dict[str, Any]) -> str:
+    """What one run did: Serve's effective autoscaling config and the node events, or the controller's actions;
+    and the kinds of errors its requests met."""
+    extra = ""
+    if "autoscaling_config" in d:
+        ac = d["autoscaling_config"]
+        keys = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s",
+                "downscale_delay_s", "metrics_interval_s", "look_back_period_s", "upscaling_factor",
+                "downscaling_factor")
+        extra = ("effective autoscaling_config: " + ", ".join(f"{k}={ac.get(k)}" for k in keys if k in ac) +
+                 f"; max_ongoing_requests {d.get('max_ongoing_requests') or '5 (default)'}; node events: " +
+                 ", ".join(f"{e['event']} {e['node'][-3:]} at {e['t'] - d['t0']:.0f} s"
+                           for e in d.get("node_events", [])))
+    if "decisions" in d:
+        extra = "controller actions: " + "; ".join(
+            f"{dd['t'] - d['t0']:.0f} s " + ", ".join(
+                f"{a['type']}" + (f"({a.get('replicas', a.get('name', ''))})") for a in dd["actions"])
+            for dd in d["decisions"] if -60 < dd["t"] - d["t0"] <= HORIZON_S)
+    if r["error_kinds"]:
+        extra += f"; errors: {r['error_kinds']}"
+    return extra
+
+
 def report(rows: list[dict[str, Any]], raw: dict[str, dict[str, Any]], slo_ttft: float, slo_tpot: float,
            cmd: str, png: Path) -> str:
     tr = step_trace()
@@ -589,26 +634,7 @@ def report(rows: list[dict[str, Any]], raw: dict[str, dict[str, Any]], slo_ttft:
         "first reports 2/3 RUNNING replicas.\n",
     ]
     lines += ["## What differs structurally between the runs\n", STRUCTURAL + "\n"]
-    for r in rows:
-        d = raw[r["policy"]]
-        extra = ""
-        if "autoscaling_config" in d:
-            ac = d["autoscaling_config"]
-            keys = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s",
-                    "downscale_delay_s", "metrics_interval_s", "look_back_period_s", "upscaling_factor",
-                    "downscaling_factor")
-            extra = ("effective autoscaling_config: " + ", ".join(f"{k}={ac.get(k)}" for k in keys if k in ac) +
-                     f"; max_ongoing_requests {d.get('max_ongoing_requests') or '5 (default)'}; node events: " +
-                     ", ".join(f"{e['event']} {e['node'][-3:]} at {e['t'] - d['t0']:.0f} s"
-                               for e in d.get("node_events", [])))
-        if "decisions" in d:
-            extra = "controller actions: " + "; ".join(
-                f"{dd['t'] - d['t0']:.0f} s " + ", ".join(
-                    f"{a['type']}" + (f"({a.get('replicas', a.get('name', ''))})") for a in dd["actions"])
-                for dd in d["decisions"] if -60 < dd["t"] - d["t0"] <= HORIZON_S)
-        if r["error_kinds"]:
-            extra += f"; errors: {r['error_kinds']}"
-        lines.append(f"- **{r['policy']}**: {extra}\n")
+    lines += [f"- **{r['policy']}**: {_run_details(r, raw[r['policy']])}\n" for r in rows]
     lines += ["## Timeline (every 10 s)\n", timeline(rows) + "\n"]
     return "\n".join(lines)
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import machine
+from bench.common import git_state, machine
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = Path(os.environ.get("RAYSCALE_TRACE", "/work/shared/traces/azure_llm_2023_code.csv"))
@@ -421,31 +421,45 @@ def calibrate_part(part: dict[str, Any], batch_prompt_tokens: int) -> Any:
                               batch_prompt_tokens)
 
 
-def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick_s: float,
-           update_profiles: bool) -> str:
+@dataclass(frozen=True)
+class _Fit:
+    """What render needs of one calibration: the samples, the engine's limits and the profile fitted on both."""
+
+    raw: dict[str, Any]
+    tr: Any
+    lim: Any
+    n_pb: int
+    cal: Any
+    profile: Any
+    real: Observed
+
+
+def _fit(raw: dict[str, Any]) -> _Fit:
     from rayscale.engines.calibrate import (
         TINY_MAX_MODEL_LEN,
-        CalibrationError,
         CalibrationPlan,
         EngineLimits,
         calibrated_profile,
     )
 
-    a = raw["args"]
+    a, sm, rr = raw["args"], raw["samples"], raw["real"]
     tr = trace_slice(**{k: a[k] for k in SLICE_ARGS}, max_model_len=TINY_MAX_MODEL_LEN)
-    sm, rr, plan = raw["samples"], raw["real"], raw["plan"]
     lim = EngineLimits(**sm["limits"])
-    n_pb = int(plan.get("prefill_batch_prompt_tokens", CalibrationPlan.prefill_batch_prompt_tokens))
+    n_pb = int(raw["plan"].get("prefill_batch_prompt_tokens", CalibrationPlan.prefill_batch_prompt_tokens))
     cal = calibrate_part(sm, n_pb)
-    profile = calibrated_profile(cal, lim, source_string(raw))
     real = Observed(**{k: np.asarray(rr[k], dtype=np.float64) for k in ("ttft_s", "tpot_s", "t_fin_s", "lag_s")},
                     failed=rr["failed"])
+    return _Fit(raw, tr, lim, n_pb, cal, calibrated_profile(cal, lim, source_string(raw)), real)
 
-    def run_sims(tick: float) -> dict[str, Observed]:
-        return {name: simulate(tr, profile, lim.max_num_batched_tokens, model, tick)
-                for name, model in VARIANTS.items()}  # fmt: skip
 
-    sims = run_sims(sim_tick_s)
+def _sims(f: _Fit, profile: Any, tick: float) -> dict[str, Observed]:
+    return {name: simulate(f.tr, profile, f.lim.max_num_batched_tokens, model, tick)
+            for name, model in VARIANTS.items()}  # fmt: skip
+
+
+def _fit_table(f: _Fit) -> str:
+    """The fitted profile's parameters, each with what it was fitted from."""
+    profile, cal, lim, n_pb = f.profile, f.cal, f.lim, f.n_pb
     tf, itf, bf = cal.ttft_fit, cal.itl_fit, cal.batch_fit
     held = f" (fit held {' and '.join(tf.held_at_zero)} at 0)" if tf.constrained else ""
     if bf is not None:
@@ -456,7 +470,7 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         seq_r2 = f"{bf.r2:.4f}"
     else:
         seq_from, seq_r2 = "not measured (raw file from before the prefill-batch measurement): 0", ""
-    fit_rows: list[list[Any]] = [
+    rows: list[list[Any]] = [
         ["overhead_s", f"{profile.overhead_s * 1e3:.2f} ms", "TTFT at 0 prompt tokens, batch 1" + held,
          f"{tf.r2:.4f}"],
         ["prefill_tokens_per_s", f"{profile.prefill_tokens_per_s:.0f}", "1 / TTFT linear coefficient", ""],
@@ -469,6 +483,12 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         ["max_num_seqs", profile.max_num_seqs, "engine scheduler config", ""],
         ["kv_tokens", profile.kv_tokens, f"engine: {lim.kv_blocks} KV blocks x {lim.block_size} tokens", ""],
     ]  # fmt: skip
+    return md_table(["parameter", "value", "from", "R²"], rows)
+
+
+def _sample_tables(f: _Fit) -> tuple[str, str]:
+    """The TTFT and ITL medians per x against their fits."""
+    sm, tf, itf = f.raw["samples"], f.cal.ttft_fit, f.cal.itl_fit
     ttft_tab = md_table(
         ["prompt tokens", "samples", "median TTFT (ms)", "quadratic fit (ms)", "residual (ms)"],
         [[int(x), sum(1 for p, _ in sm["ttft"] if p == x), ms(y), ms(tf(x)), f"{r * 1e3:+.2f}"]
@@ -477,50 +497,63 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         ["running batch", "samples", "median ITL (ms)", "fit (ms)", "residual (ms)"],
         [[int(x), sum(1 for b, _ in sm["itl"] if b == x), f"{y * 1e3:.3f}", f"{itf(x) * 1e3:.3f}",
           f"{r * 1e3:+.3f}"] for x, y, r in zip(itf.x, itf.y, itf.residuals, strict=True)])  # fmt: skip
+    return ttft_tab, itl_tab
+
+
+_NO_BATCH = ("**This raw file predates the prefill-batch measurement: prefill_seq_s is not measured and is 0** "
+             "(the iteration model then charges a prompt only its tokens, and puts all of overhead_s outside the "
+             "engine). Re-run the benchmark to measure it.\n")
+
+
+def _batch_section(f: _Fit) -> tuple[str, str]:
+    """The prefill-batch rounds: their table and the text that says how they were taken and kept."""
+    sm, plan, cal, n_pb, bf = f.raw["samples"], f.raw["plan"], f.cal, f.n_pb, f.cal.batch_fit
+    if bf is None:
+        return "", _NO_BATCH
     dropped = [(int(k), str(w)) for k, w in sm.get("prefill_batch_dropped", [])]
-    if bf is not None:
-        batch_tab = md_table(
-            ["prompts k", "samples", "dropped", "median iteration (ms)", "fit (ms)", "residual (ms)"],
-            [[int(x), sum(1 for k, _ in sm["prefill_batch"] if k == x), sum(1 for k, _ in dropped if k == x),
-              f"{y * 1e3:.3f}", f"{bf(x) * 1e3:.3f}", f"{r * 1e3:+.3f}"]
-             for x, y, r in zip(bf.x, bf.y, bf.residuals, strict=True)])  # fmt: skip
-        reasons: dict[str, int] = {}
-        for _, w in dropped:
-            reasons[w] = reasons.get(w, 0) + 1
-        n_rounds = len(sm["prefill_batch"]) + len(dropped)
-        itl1 = itf(1)
-        batch_text = (
-            f"Prefill batch: a blocker request ({plan['blocker_prompt_tokens']} prompt tokens, 2 output tokens), "
-            f"then {plan['blocker_lead_s'] * 1e3:g} ms later k requests of {n_pb} prompt tokens and 1 output "
-            "token, sent without waiting between them: they reach the engine core while the blocker's prefill "
-            "runs, and vLLM V1 schedules them all in the next iteration, after the blocker's decode token. The "
-            "sample is the median of their first-token times minus the blocker's first token, on the engine core's "
-            "clock (vLLM's per-request stats; the client's clock mixed in its own delays); a round counts only "
-            "when the k first tokens and the blocker's second lie within "
-            f"{plan['prefill_batch_max_spread']:.2g} of that time of each other. k in "
-            f"{tuple(plan['prefill_batch_sizes'])}, {plan['prefill_batch_repeats']} rounds each, interleaved. "
-            f"Dropped: {len(dropped)} of {n_rounds} rounds"
-            + (" (" + "; ".join(f"{w}: {c}" for w, c in sorted(reasons.items())) + ")" if reasons else "")
-            + f". Fit: iteration(k) = {bf.intercept * 1e3:.3f} ms + k x {bf.slope * 1e3:.3f} ms. Consistency: the "
-            f"base should be one decode's iteration, itl_s(1) = {itl1 * 1e3:.3f} ms "
-            f"({bf.intercept / itl1 - 1:+.0%}); the slope is prefill_seq_s + n/R ({n_pb / cal.prefill_tokens_per_s * 1e3:.3f} ms) "
-            f"+ q n² ({cal.prefill_quadratic_s * n_pb**2 * 1e3:.3f} ms).\n"
-        )  # fmt: skip
-    else:
-        batch_tab, batch_text = "", (
-            "**This raw file predates the prefill-batch measurement: prefill_seq_s is not measured and is 0** "
-            "(the iteration model then charges a prompt only its tokens, and puts all of overhead_s outside the "
-            "engine). Re-run the benchmark to measure it.\n")  # fmt: skip
-    # Each calibration alone: its fit (how much the machine changed between them), and the same replay
-    # simulated with it (how much of the error is that change rather than the model).
-    drift_rows, by_cal_rows = [], []
+    batch_tab = md_table(
+        ["prompts k", "samples", "dropped", "median iteration (ms)", "fit (ms)", "residual (ms)"],
+        [[int(x), sum(1 for k, _ in sm["prefill_batch"] if k == x), sum(1 for k, _ in dropped if k == x),
+          f"{y * 1e3:.3f}", f"{bf(x) * 1e3:.3f}", f"{r * 1e3:+.3f}"]
+         for x, y, r in zip(bf.x, bf.y, bf.residuals, strict=True)])  # fmt: skip
+    reasons: dict[str, int] = {}
+    for _, w in dropped:
+        reasons[w] = reasons.get(w, 0) + 1
+    n_rounds = len(sm["prefill_batch"]) + len(dropped)
+    itl1 = cal.itl_fit(1)
+    batch_text = (
+        f"Prefill batch: a blocker request ({plan['blocker_prompt_tokens']} prompt tokens, 2 output tokens), "
+        f"then {plan['blocker_lead_s'] * 1e3:g} ms later k requests of {n_pb} prompt tokens and 1 output "
+        "token, sent without waiting between them: they reach the engine core while the blocker's prefill "
+        "runs, and vLLM V1 schedules them all in the next iteration, after the blocker's decode token. The "
+        "sample is the median of their first-token times minus the blocker's first token, on the engine core's "
+        "clock (vLLM's per-request stats; the client's clock mixed in its own delays); a round counts only "
+        "when the k first tokens and the blocker's second lie within "
+        f"{plan['prefill_batch_max_spread']:.2g} of that time of each other. k in "
+        f"{tuple(plan['prefill_batch_sizes'])}, {plan['prefill_batch_repeats']} rounds each, interleaved. "
+        f"Dropped: {len(dropped)} of {n_rounds} rounds"
+        + (" (" + "; ".join(f"{w}: {c}" for w, c in sorted(reasons.items())) + ")" if reasons else "")
+        + f". Fit: iteration(k) = {bf.intercept * 1e3:.3f} ms + k x {bf.slope * 1e3:.3f} ms. Consistency: the "
+        f"base should be one decode's iteration, itl_s(1) = {itl1 * 1e3:.3f} ms "
+        f"({bf.intercept / itl1 - 1:+.0%}); the slope is prefill_seq_s + n/R ({n_pb / cal.prefill_tokens_per_s * 1e3:.3f} ms) "
+        f"+ q n² ({cal.prefill_quadratic_s * n_pb**2 * 1e3:.3f} ms).\n"
+    )  # fmt: skip
+    return batch_tab, batch_text
+
+
+def _by_calibration(f: _Fit, sim_tick_s: float) -> tuple[str, str]:
+    """Each calibration alone: its fit (how much the machine changed between them), and the same replay
+    simulated with it (how much of the error is that change rather than the model)."""
+    from rayscale.engines.calibrate import CalibrationError, calibrated_profile
+
+    sm, drift_rows, by_cal_rows = f.raw["samples"], [], []
     for label, part in (("before the replay", sm.get("before")), ("after the replay", sm.get("after")),
                         ("both (used)", sm)):
         if not part or not part["ttft"]:
             continue
         try:
-            c = calibrate_part(part, n_pb)
-            p_part = calibrated_profile(c, lim, source_string(raw))
+            c = calibrate_part(part, f.n_pb)
+            p_part = calibrated_profile(c, f.lim, source_string(f.raw))
         except CalibrationError as e:
             drift_rows.append([label, f"no fit: {e}", "", "", "", "", ""])
             continue
@@ -529,39 +562,40 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         drift_rows.append([label, f"{c.overhead_s * 1e3:.2f}", f"{c.prefill_tokens_per_s:.0f}",
                            f"{c.prefill_quadratic_s * 1e9:.1f}", seq, f"{c.itl_alpha_s * 1e3:.3f}",
                            f"{c.itl_beta_s * 1e3:.4f}"])  # fmt: skip
-        for name, model in VARIANTS.items():
-            s_part = simulate(tr, p_part, lim.max_num_batched_tokens, model, sim_tick_s)
-            by_cal_rows.append([label, name, *errors(s_part, real)])
+        by_cal_rows += [[label, name, *errors(s, f.real)] for name, s in _sims(f, p_part, sim_tick_s).items()]
     drift_tab = md_table(["calibration", "overhead (ms)", "prefill tokens/s", "q (ns/token²)", "prefill_seq (ms)",
                           "ITL alpha (ms)", "ITL beta (ms)"], drift_rows)  # fmt: skip
-    cmp_tab, ok = comparison(real, sims)
-    # How much the answer depends on the simulator's tick (the fluid model is a fluid model per tick; the
-    # iteration model's tick only batches its admissions).
-    sens_rows = []
-    for tick in SENSITIVITY_TICKS_S:
-        for name, s in (sims if tick == sim_tick_s else run_sims(tick)).items():
-            sens_rows.append([f"{tick * 1e3:g}", name, *errors(s, real), f"{in_flight(tr, s):.2f}"])
-    sens_tab = md_table(["tick (ms)", "variant", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "mean in engine"],
-                        sens_rows)
     by_cal_tab = md_table(["calibration", "variant", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95"], by_cal_rows)
-    st = tr.stats()
-    lag50, lag95 = pcts(real.lag_s) if real.lag_s is not None else (float("nan"),) * 2
-    conc = {"real vLLM": in_flight(tr, real), **{k: in_flight(tr, v) for k, v in sims.items()}}
-    failed = {"real vLLM": real.failed, **{k: v.failed for k, v in sims.items()}}
-    v = raw["versions"]
-    verdict = "; ".join(f"**{k}: {'meets' if good else 'misses'}** the ≤ {GOAL:.0%} goal on all four"
-                        for k, good in ok.items())
-    window = f"[{a['start_s']:g}, {a['start_s'] + a['minutes'] * 60 * a['rate_scale']:g})"
-    mnbt = lim.max_num_batched_tokens
-    lines = [
+    return drift_tab, by_cal_tab
+
+
+def _sensitivity(f: _Fit, sims: dict[str, Observed], sim_tick_s: float) -> str:
+    """How much the answer depends on the simulator's tick (the fluid model is a fluid model per tick; the
+    iteration model's tick only batches its admissions)."""
+    rows = []
+    for tick in SENSITIVITY_TICKS_S:
+        for name, s in (sims if tick == sim_tick_s else _sims(f, f.profile, tick)).items():
+            rows.append([f"{tick * 1e3:g}", name, *errors(s, f.real), f"{in_flight(f.tr, s):.2f}"])
+    return md_table(["tick (ms)", "variant", "TTFT p50", "TTFT p95", "TPOT p50", "TPOT p95", "mean in engine"],
+                    rows)
+
+
+def _calibration_lines(f: _Fit, drift_tab: str) -> list[str]:
+    """The report's title, provenance and calibration section."""
+    raw, lim = f.raw, f.lim
+    a, sm, rr, plan, v = raw["args"], raw["samples"], raw["real"], raw["plan"], raw["versions"]
+    ttft_tab, itl_tab = _sample_tables(f)
+    batch_tab, batch_text = _batch_section(f)
+    return [
         "# Simulator fidelity: tiny Qwen2 on vLLM CPU vs the simulator's engine models (issue 6)\n",
         f"- command: `{raw['cmd']}` ({raw['wall_s']:.0f} s wall: engine start {raw['engine_up_s']:.0f} s, "
         f"calibration {sm['wall_s']:.0f} s, replay {rr['wall_s']:.0f} s)",
         f"- machine: {raw['machine']}; load average (1/5/15 min) before {raw['load_before']}, after "
         f"{raw['load_after']}",
+        *([f"- simulator side re-run on these measurements: {raw['rendered']}"] if raw.get("rendered") else []),
         f"- versions: ray {v['ray']}, vllm {v['vllm']} (CPU build), torch {v['torch']}, python {v['python']}",
         f"- engine: vllm AsyncLLM in the benchmark process (engine core in a child process) with the tiny model's "
-        f"serving arguments {json.dumps(raw['engine_args'])}; max_num_batched_tokens {mnbt}, "
+        f"serving arguments {json.dumps(raw['engine_args'])}; max_num_batched_tokens {lim.max_num_batched_tokens}, "
         f"chunked prefill {'on' if lim.chunked_prefill else 'off'}, prefix caching at vLLM's default (random "
         "prompts never hit it)\n",
         "## Calibration\n",
@@ -574,13 +608,29 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         f"ITL and prefill-batch iterations linear. Greedy sampling, ignore_eos, random prompt ids from seed "
         f"{a['seed']}. Measured once before and once after the replay and fitted on both; the fits of each alone "
         "show how much the machine changed meanwhile.\n",
-        md_table(["parameter", "value", "from", "R²"], fit_rows) + "\n",
+        _fit_table(f) + "\n",
         drift_tab + "\n",
         ttft_tab + "\n",
         itl_tab + "\n",
         batch_text,
         *([batch_tab + "\n"] if batch_tab else []),
-        "profiles.yaml entry:\n\n```yaml\n" + profile_yaml(profile) + "```\n",
+        "profiles.yaml entry:\n\n```yaml\n" + profile_yaml(f.profile) + "```\n",
+    ]  # fmt: skip
+
+
+def _replay_lines(f: _Fit, sims: dict[str, Observed], sim_tick_s: float, by_cal_tab: str) -> list[str]:
+    """The replay section: the slice, how each side ran, and the errors."""
+    raw, tr, real, mnbt = f.raw, f.tr, f.real, f.lim.max_num_batched_tokens
+    a, st = raw["args"], tr.stats()
+    cmp_tab, ok = comparison(real, sims)
+    lag95 = pcts(real.lag_s)[1] if real.lag_s is not None else float("nan")
+    conc = {"real vLLM": in_flight(tr, real), **{k: in_flight(tr, v) for k, v in sims.items()}}
+    failed = {"real vLLM": real.failed, **{k: v.failed for k, v in sims.items()}}
+    verdict = "; ".join(f"**{k}: {'meets' if good else 'misses'}** the ≤ {GOAL:.0%} goal on all four"
+                        for k, good in ok.items())
+    window = f"[{a['start_s']:g}, {a['start_s'] + a['minutes'] * 60 * a['rate_scale']:g})"
+    lag50 = pcts(real.lag_s)[0] if real.lag_s is not None else float("nan")
+    return [
         "## Replay: real engine vs simulator\n",
         f"Slice: {TRACE.name}, arrivals in {window} s compressed {a['rate_scale']:g}x (`Trace.window(...)"
         f".compress({a['rate_scale']:g})`: every request of the window, in order, at {a['rate_scale']:g} times "
@@ -609,11 +659,19 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         "drift table above):\n",
         by_cal_tab + "\n",
         "Error (sim - real) / real by simulator tick:\n",
-        sens_tab + "\n",
+        _sensitivity(f, sims, sim_tick_s) + "\n",
     ]  # fmt: skip
+
+
+def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick_s: float,
+           update_profiles: bool) -> str:
+    f = _fit(raw)
+    sims = _sims(f, f.profile, sim_tick_s)
+    drift_tab, by_cal_tab = _by_calibration(f, sim_tick_s)
+    lines = _calibration_lines(f, drift_tab) + _replay_lines(f, sims, sim_tick_s, by_cal_tab)
     if plot_path:
-        png = Path(plot_path)
-        plot(real, sims, png, f"{st.requests} requests of {TRACE.name} ({a['rate_scale']:g}x): tiny Qwen2 on "
+        png, a, st = Path(plot_path), raw["args"], f.tr.stats()
+        plot(f.real, sims, png, f"{st.requests} requests of {TRACE.name} ({a['rate_scale']:g}x): tiny Qwen2 on "
              f"vLLM CPU vs simulator (tick {sim_tick_s * 1e3:g} ms)")
         lines.append(f"![TTFT and TPOT CDFs, real vs simulated]({png.name})\n")
     lines.append(ANALYSIS)
@@ -623,7 +681,7 @@ def render(raw: dict[str, Any], out: str | None, plot_path: str | None, sim_tick
         Path(out).write_text(text)
         log(f"wrote {out}")
     if update_profiles:
-        write_profile(profile)
+        write_profile(f.profile)
         log(f"updated {PROFILES.relative_to(ROOT)}")
     return text
 
@@ -656,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     raw_path = Path(args.raw)
     if args.from_raw:
         raw = json.loads(raw_path.read_text())
+        cmd = ".venv/bin/python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])
+        raw["rendered"] = f"`{cmd.strip()}` with rayscale git {git_state()}, {time.strftime('%Y-%m-%d')}"
     else:
         t0 = time.perf_counter()
         cmd = ".venv/bin/python -m bench.fidelity " + " ".join(argv if argv is not None else sys.argv[1:])

@@ -157,36 +157,15 @@ def steady_state(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[
     return "".join(parts)
 
 
-def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
-                    steady: dict[int, dict[str, SimResult]] | None = None) -> str:
-    """The arithmetic behind the misses, from the traces and the catalog alone (no simulation)."""
-    import numpy as np
-
-    starts = sorted(cat.flavors[f].node_startup_s + cat.profile(model, f).startup_s
-                    for f in cat.models[model].parallelism)
-    az, _, bu = traces
-    a = bu.arrival_s
-    first = int(((a >= 900) & (a < 1200)).sum())  # gen:bursty: the first burst is at every_s / 2
-    x = az.arrival_s
-    r10 = float((np.histogram(x, bins=np.arange(0, x[-1] + 10, 10))[0] / 10).max())
-    r60 = float((np.histogram(x, bins=np.arange(0, x[-1] + 60, 60))[0] / 60).max())
-    short = float((np.maximum(az.output_tokens, 1) < 10).mean())
-    lines = []
-    for i, name in enumerate(SHORT):
-        if steady and i in steady and "rayscale" in steady[i]:
-            r, o, st = steady[i]["rayscale"], steady[i]["fluid-bound"], steady[i]["stock"]
-            lines.append(f"- {name}: rayscale {100 * r.slo_attainment:.2f}% SLO, ${r.cost_usd:.2f} = "
-                         f"{r.cost_usd / o.cost_usd:.1f}x the oracle and {r.cost_usd / st.cost_usd:.2f}x stock "
-                         f"({100 * st.slo_attainment:.2f}% SLO)")
-    steady_txt = ("\nIn steady state (second pass, section above):\n\n" + "\n".join(lines) + "\n") if lines else ""
-    return f"""
+# The notes under the steady-state lines: str.format fields filled by shortfall_notes.
+_SHORTFALLS = """
 ## Where rayscale falls short, and why
 {steady_txt}
-- Bursty: a burst lasts 300 s; a replica takes node start + model load = {starts[0]:.0f}-{starts[-1]:.0f} s
-  ({model}, by flavor). Capacity ordered when a burst begins lands {starts[0] - 300:.0f} s or more after it
+- Bursty: a burst lasts 300 s; a replica takes node start + model load = {start_min:.0f}-{start_max:.0f} s
+  ({model}, by flavor). Capacity ordered when a burst begins lands {after_burst:.0f} s or more after it
   ended, so a reactive policy serves a burst only with what already runs. The first burst holds {first:,}
-  of {len(a):,} requests ({100 * first / len(a):.1f}%): no policy that has not seen a burst before can
-  have capacity for it, which caps attainment at {100 * (1 - first / len(a)):.1f}% before anything else.
+  of {bursty_n:,} requests ({first_pct:.1f}%): no policy that has not seen a burst before can
+  have capacity for it, which caps attainment at {cap_pct:.1f}% before anything else.
   The `peak` forecaster holds the highest rate of the last hour (bursts 2 and 3 find capacity) and, once
   the history holds two periods (62 min here), the detected 30-min season orders capacity a start-up
   time ahead of every later burst. Reaching 99% needs a history from an earlier period (a production
@@ -194,12 +173,12 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
   (static-peak; it still misses 99% here, for the estimator's error in the last point). The steady-state
   pass above is the first of these: the second play of the trace finds the first's history.
 - Azure code x3: the load swings within the minute (peak 10-s rate {r10:.0f} req/s, peak 1-min
-  {r60:.0f}, mean {len(x) / x[-1]:.1f}); its p95 prompt of {float(np.percentile(az.prompt_tokens, 95)):.0f}
-  tokens takes 1.5 s of prefill on a 5,000 token/s flavor, and {100 * short:.0f}% of the answers are under 10
+  {r60:.0f}, mean {mean:.1f}); its p95 prompt of {p95:.0f}
+  tokens takes 1.5 s of prefill on a 5,000 token/s flavor, and {short_pct:.0f}% of the answers are under 10
   tokens. At vLLM's 2,048-token chunk one long prompt's chunk in their one or two decode iterations broke
   their TPOT (2026-11-23: all 266 misses of the steady pass were TPOT); rayscale deploys the L40S at 768
   tokens for this mix (`chunk_choice.md`). What was left were TTFT misses in the 10-second peaks, which
-  capacity starting in 10 minutes cannot follow ({r10 / r60:.0f}x the one-minute peak static-peak is
+  capacity starting in 10 minutes cannot follow ({r10_over_r60:.0f}x the one-minute peak static-peak is
   sized for; even the oracle's integer plan, with perfect one-minute foresight and instant nodes, misses
   99% by far). Since 2026-11-24 rayscale holds a burst floor: enough replicas that their queues drain the
   last hour's bursts within the TTFT target, for all but half the miss budget, counted at the rate a
@@ -207,7 +186,7 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
   99.76-99.79% over five seeds at $31.07; the window-quantile floor it replaced on 2026-11-25 met
   99.81-99.91% at $36.72, none 97.3-97.5% at $23.72). Static fleets of on-demand L40S, measured once (seed 0,
   cold): 24 serve 98.97% ($42.78), 26 serve 99.54%: the bursts, not the rate, set the fleet. From a cold start it has no
-  history, and capacity takes {starts[0]:.0f}-{starts[-1]:.0f} s to start: the first hour stays near 73%.
+  history, and capacity takes {start_min:.0f}-{start_max:.0f} s to start: the first hour stays near 73%.
 - Cost against the oracle: the oracle is a fluid bound on measured capacity; a real fleet pays for target
   utilisation (0.8), the hysteresis band (0.25), whole replicas, capacity ordered a start-up time early,
   on Azure x3 the burst floor (capacity for 10-second peaks that the oracle's one-minute foresight does
@@ -229,6 +208,34 @@ def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
   replicas alone (`PlannerSettings.scale_down_move_saving`, `scale_down_moves.md`: diurnal -5% mean
   cost in steady state, worst seed 99.48% -> 99.85% SLO).
 """
+
+
+def shortfall_notes(cat: Catalog, traces: list[Trace], model: str,
+                    steady: dict[int, dict[str, SimResult]] | None = None) -> str:
+    """The arithmetic behind the misses, from the traces and the catalog alone (no simulation)."""
+    import numpy as np
+
+    starts = sorted(cat.flavors[f].node_startup_s + cat.profile(model, f).startup_s
+                    for f in cat.models[model].parallelism)
+    az, _, bu = traces
+    a = bu.arrival_s
+    first = int(((a >= 900) & (a < 1200)).sum())  # gen:bursty: the first burst is at every_s / 2
+    x = az.arrival_s
+    r10 = float((np.histogram(x, bins=np.arange(0, x[-1] + 10, 10))[0] / 10).max())
+    r60 = float((np.histogram(x, bins=np.arange(0, x[-1] + 60, 60))[0] / 60).max())
+    lines = []
+    for i, name in enumerate(SHORT):
+        if steady and i in steady and "rayscale" in steady[i]:
+            r, o, st = steady[i]["rayscale"], steady[i]["fluid-bound"], steady[i]["stock"]
+            lines.append(f"- {name}: rayscale {100 * r.slo_attainment:.2f}% SLO, ${r.cost_usd:.2f} = "
+                         f"{r.cost_usd / o.cost_usd:.1f}x the oracle and {r.cost_usd / st.cost_usd:.2f}x stock "
+                         f"({100 * st.slo_attainment:.2f}% SLO)")
+    steady_txt = ("\nIn steady state (second pass, section above):\n\n" + "\n".join(lines) + "\n") if lines else ""
+    return _SHORTFALLS.format(
+        steady_txt=steady_txt, model=model, start_min=starts[0], start_max=starts[-1], after_burst=starts[0] - 300,
+        first=first, bursty_n=len(a), first_pct=100 * first / len(a), cap_pct=100 * (1 - first / len(a)),
+        r10=r10, r60=r60, mean=len(x) / x[-1], p95=float(np.percentile(az.prompt_tokens, 95)),
+        short_pct=100 * float((np.maximum(az.output_tokens, 1) < 10).mean()), r10_over_r60=r10 / r60)
 
 
 def run_tradeoffs(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[str, SimResult]], seed: int,
@@ -274,6 +281,28 @@ def engine_check(cats: list[Catalog], traces: list[Trace], base: dict[int, dict[
             + "\n".join(rows) + "\n```\n")
 
 
+def case_section(i: int, cat: Catalog, tr: Trace, cfg: SimConfig, seed: int) -> tuple[dict[str, SimResult], list[str]]:
+    """Every policy on case ``i``: the results by policy and the report's lines for it."""
+    label, spec, rate = CASES[i]
+    oracle = OraclePolicy(settings=cfg.settings)
+    pols: list[Policy] = [make_policy(name, cfg.settings) for name in ("rayscale", "stock", "static-peak")]
+    pols.append(oracle)
+    results = [simulate(cat, tr, p, cfg) for p in pols]
+    cmd = f"rayscale simulate --trace {spec} --policy all --seed {seed} --request-mix trace"
+    if rate != 1.0:
+        cmd += f" --rate-scale {rate:g}"
+    st = tr.stats()
+    o = next(r for r in results if r.policy == "fluid-bound")
+    return {r.policy: r for r in results}, [
+        f"\n## {label}\n\n`{cmd}`\n\n{st.requests:,} requests over {st.duration_s / 3600:.2f} h, "
+        f"mean {st.rate_per_s:.2f} req/s, prompt mean {st.prompt_tokens_mean:.0f} / p95 "
+        f"{st.prompt_tokens_p95:.0f}, output mean {st.output_tokens_mean:.0f} tokens.\n\n```\n"
+        f"{render_table(results, tr.name)}\n```\n",
+        f"oracle: fluid lower bound ${o.cost_usd:.2f}; its integer plan with instant nodes cost "
+        f"${o.extra['integer_cost_usd']:.2f} at {100 * o.slo_attainment:.2f}% SLO. "
+        f"{capacity_note(cat, tr, oracle, cfg.model)}\n"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="bench/results/sim_policies.md")
@@ -301,28 +330,13 @@ def main() -> None:
         # The model declares the trace's request shape (`--request-mix trace`): what an operator knows of
         # the workload. It sizes the first minute and picks rayscale's prefill chunks (rayscale.core.chunk).
         cats.append(cat.with_request_mix(cfg.model, tr.request_mix()))
-        oracle = OraclePolicy(settings=cfg.settings)
-        pols: list[Policy] = [make_policy(name, cfg.settings) for name in ("rayscale", "stock", "static-peak")]
-        pols.append(oracle)
-        results = [simulate(cats[i], tr, p, cfg) for p in pols]
-        base[i] = {r.policy: r for r in results}
-        cmd = f"rayscale simulate --trace {spec} --policy all --seed {args.seed} --request-mix trace"
-        if rate != 1.0:
-            cmd += f" --rate-scale {rate:g}"
-        st = tr.stats()
-        out.append(f"\n## {label}\n\n`{cmd}`\n\n{st.requests:,} requests over {st.duration_s / 3600:.2f} h, "
-                   f"mean {st.rate_per_s:.2f} req/s, prompt mean {st.prompt_tokens_mean:.0f} / p95 "
-                   f"{st.prompt_tokens_p95:.0f}, output mean {st.output_tokens_mean:.0f} tokens.\n\n```\n"
-                   f"{render_table(results, tr.name)}\n```\n")
-        o = base[i]["fluid-bound"]
-        out.append(f"oracle: fluid lower bound ${o.cost_usd:.2f}; its integer plan with instant nodes cost "
-                   f"${o.extra['integer_cost_usd']:.2f} at {100 * o.slo_attainment:.2f}% SLO. "
-                   f"{capacity_note(cats[i], tr, oracle, cfg.model)}\n")
+        base[i], lines = case_section(i, cats[i], tr, cfg, args.seed)
+        out += lines
         print("\n".join(out[-2:]), flush=True)
         if args.plots:
             from rayscale.sim.plots import plot_results
 
-            plot_results([r for r in results if r.policy in ("rayscale", "stock", "oracle")],
+            plot_results([r for r in base[i].values() if r.policy in ("rayscale", "stock", "oracle")],
                          str(Path(args.out).parent / f"sim_case{i + 1}.png"), title=label)
     steady: dict[int, dict[str, SimResult]] = {}
     if not args.no_steady:

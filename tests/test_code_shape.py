@@ -95,10 +95,11 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_functions_are_short() -> None:
-    """The package and the stand-ins the tests run against (testing/rayscale_testing)."""
+    """The package, the stand-ins the tests run against (testing/rayscale_testing) and the benchmarks."""
     long = []
     stand_ins = PACKAGE.parent / "testing" / "rayscale_testing"
-    for path in sorted([*PACKAGE.rglob("*.py"), *stand_ins.rglob("*.py")]):
+    bench = PACKAGE.parent / "bench"
+    for path in sorted([*PACKAGE.rglob("*.py"), *stand_ins.rglob("*.py"), *bench.rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = (node.end_lineno or node.lineno) - node.lineno + 1
