@@ -1,7 +1,8 @@
 """The product on traffic it was not tuned on, against baselines an operator would run and a lead-time bound.
 
-    .venv/bin/python -m bench.eval_split [--seeds 0,1,2,3,4] [--jobs 2] [--split both|dev|held-out|shapes]
-                                         [--out bench/results/eval_split.md]
+    .venv/bin/python -m bench.eval_split [--seeds 0,1,2,3,4] [--jobs 2] [--split both|dev|held-out|shapes|models]
+                                         [--case TEXT] [--flavor F] [--engine fluid|iteration] [--policy P]
+                                         [--mode both|steady|cold] [--out bench/results/eval_split.md]
 
 Every policy runs in the same simulator, on the same cloud draws, start-up times and prefill-chunk rules:
 
@@ -55,6 +56,7 @@ from bench.common import ROOT, machine, span
 from rayscale.config import load_catalog
 from rayscale.core.catalog import Catalog
 from rayscale.sim.baselines import on_demand_only
+from rayscale.sim.engine import EngineConfig
 from rayscale.sim.policies import POLICIES, RayscalePolicy
 from rayscale.sim.simulator import SimConfig, simulate
 from rayscale.sim.sources import WARMUP_SEED_OFFSET, load_spec, with_warmup_draw
@@ -111,11 +113,13 @@ def case_run(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = ()) 
     return cat, load_spec(spec, seed, ts, rs, resample=True), 0.0
 
 
-def one(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def one(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = (), engine: str = "fluid",
+        only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every policy (or those named in ``only``) on one draw of a case, on the ``engine`` model."""
     _, label, spec, ts, rs = CASES[case]
     model = model_of(case)
     cat, trace, warm = case_run(case, seed, steady, flavors)
-    cfg = SimConfig(model=model, seed=seed, warmup_s=warm, same_start=not steady)
+    cfg = SimConfig(model=model, seed=seed, warmup_s=warm, same_start=not steady, engine=EngineConfig(model=engine))
     # What an operator could declare before this traffic: the request shape of another day (another draw).
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
     runs: list[tuple[str, Catalog, str | RayscalePolicy]] = [(name, cat, name) for name in POLICIES]
@@ -123,6 +127,7 @@ def one(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = ()) -> li
     if steady:  # reading back its checkpoint, and with it lost; the cluster unchanged
         runs.append((RESTARTED, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S)))
         runs.append((BLIND, cat, RayscalePolicy(restart_at_s=warm - RESTART_BEFORE_S, checkpoint_every_s=None)))
+    runs = [r for r in runs if not only or r[0] in only]
     out: list[dict[str, Any]] = []
     for name, catalog, policy in runs:
         t0 = time.perf_counter()
@@ -198,24 +203,32 @@ def main() -> int:
     ap.add_argument("--split", choices=["both", "dev", "held-out", "shapes", "models"], default="both")
     ap.add_argument("--case", default="", help="only the split's cases whose label holds this text")
     ap.add_argument("--flavor", action="append", default=[], help="restrict the catalog to this flavor (repeatable)")
+    ap.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
+                    help="the simulator's engine model (iteration: vLLM V1's scheduler one iteration at a time)")
+    ap.add_argument("--policy", action="append", default=[], help="run only this policy (repeatable)")
+    ap.add_argument("--mode", choices=["both", "steady", "cold"], default="both")
     ap.add_argument("--out", default="bench/results/eval_split.md")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     cases = [i for i, c in enumerate(CASES) if (c[0] == args.split or (args.split == "both" and c[0] in ("dev", "held-out")))
              and args.case in c[1]]
-    jobs = [(c, s, st, tuple(args.flavor)) for c in cases for s in seeds for st in (False, True)]
-    print(f"{len(jobs)} runs of {len(POLICIES)} policies on {args.jobs} processes", flush=True)
+    modes = {"both": (False, True), "steady": (True,), "cold": (False,)}[args.mode]
+    jobs = [(c, s, st, tuple(args.flavor), args.engine, tuple(args.policy)) for c in cases for s in seeds
+            for st in modes]
+    print(f"{len(jobs)} runs of {len(args.policy) or len(POLICIES)} policies on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = [r for part in pool.map(one, *zip(*jobs, strict=True)) for r in part]
     wall = time.perf_counter() - t0
     out = Path(args.out)
     plot(rows, out.with_suffix(".png"))
-    only = "".join(f" --flavor {f}" for f in args.flavor) + (f" --case '{args.case}'" if args.case else "")
+    only = ("".join(f" --flavor {f}" for f in args.flavor) + (f" --case '{args.case}'" if args.case else "")
+            + (f" --engine {args.engine}" if args.engine != "fluid" else "")
+            + "".join(f" --policy {p}" for p in args.policy) + (f" --mode {args.mode}" if args.mode != "both" else ""))
     text = (f"# Evaluation: the shipped product on dev and held-out traffic\n\n{machine()}; "
             f"`python -m bench.eval_split --seeds {args.seeds} --split {args.split}{only}` ({wall:.0f} s on {args.jobs} "
             f"processes); model {', '.join(sorted({model_of(c) for c in cases}))}, shipped catalog"
-            f"{' (only ' + ', '.join(args.flavor) + ')' if args.flavor else ''}, on-demand only, fluid engine.\n\n"
+            f"{' (only ' + ', '.join(args.flavor) + ')' if args.flavor else ''}, on-demand only, {args.engine} engine.\n\n"
             + __doc__.split("\n\n", 2)[2] + "\n## Steady state (warmed up on another draw)\n\n```\n"
             + table(rows, True) + "\n```\n\n## From cold (every policy starts from the same fleet: what the "
             "shipped step orders for the first 30 s)\n\nA bound that cannot reach the goal from there reports its best-attaining configuration "

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import scipy
 
+from bench.common import machine
 from bench.step_timing import time_step
 from rayscale.core.catalog import (
     SLO,
@@ -158,8 +159,7 @@ def report(table: str, steps: str, rev: str | None, against: str, counted: str) 
     """The markdown record of one run."""
     text = ("# Planner benchmark\n\n"
             f"Command: `.venv/bin/python -m bench.planner {' '.join(sys.argv[1:])}`\n\n"
-            f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, 2 cores; Python "
-            f"{platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n"
+            f"Machine: {machine()}; Python {platform.python_version()}, SciPy {scipy.__version__} (HiGHS).\n\n"
             "Time is one reconcile (estimate + plan) from scratch, median. Goal: 100 x 20 <= 50 ms, "
             "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
     text += ("\nOne `rayscale.core.step.step` (history, corrections, estimate, plan, act decisions) with the "
