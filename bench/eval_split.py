@@ -205,7 +205,8 @@ def main() -> int:
     ap.add_argument("--flavor", action="append", default=[], help="restrict the catalog to this flavor (repeatable)")
     ap.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
                     help="the simulator's engine model (iteration: vLLM V1's scheduler one iteration at a time)")
-    ap.add_argument("--policy", action="append", default=[], help="run only this policy (repeatable)")
+    ap.add_argument("--policy", action="append", default=[], choices=[*POLICIES, DECLARED, RESTARTED, BLIND],
+                    help="run only this policy (repeatable)")
     ap.add_argument("--mode", choices=["both", "steady", "cold"], default="both")
     ap.add_argument("--out", default="bench/results/eval_split.md")
     args = ap.parse_args()
