@@ -623,13 +623,12 @@ def _replay_lines(f: _Fit, sims: dict[str, Observed], sim_tick_s: float, by_cal_
     raw, tr, real, mnbt = f.raw, f.tr, f.real, f.lim.max_num_batched_tokens
     a, st = raw["args"], tr.stats()
     cmp_tab, ok = comparison(real, sims)
-    lag95 = pcts(real.lag_s)[1] if real.lag_s is not None else float("nan")
+    lag50, lag95 = pcts(real.lag_s) if real.lag_s is not None else (float("nan"),) * 2
     conc = {"real vLLM": in_flight(tr, real), **{k: in_flight(tr, v) for k, v in sims.items()}}
     failed = {"real vLLM": real.failed, **{k: v.failed for k, v in sims.items()}}
     verdict = "; ".join(f"**{k}: {'meets' if good else 'misses'}** the ≤ {GOAL:.0%} goal on all four"
                         for k, good in ok.items())
     window = f"[{a['start_s']:g}, {a['start_s'] + a['minutes'] * 60 * a['rate_scale']:g})"
-    lag50 = pcts(real.lag_s)[0] if real.lag_s is not None else float("nan")
     return [
         "## Replay: real engine vs simulator\n",
         f"Slice: {TRACE.name}, arrivals in {window} s compressed {a['rate_scale']:g}x (`Trace.window(...)"
