@@ -16,7 +16,8 @@ runs b sequences on average (arrival rate lambda(b) = b / (O * TPOT(b)), Little'
   at most k* sequences; their number is Poisson around the mean load, and the miss above counts only where it
   is exceeded.
 - TTFT is the request's own prefill plus a wait behind prompts already prefilling: an M/G/1 queue
-  (Pollaczek-Khinchine mean wait, exponential tail).
+  (Pollaczek-Khinchine mean wait, exponential tail). The prompts too long to prefill within the target at
+  all are a share read off the mix's quantile function (``late_share``), not whole nodes.
 - Ray Serve's router samples two replicas and takes the less loaded (power of two choices), so a request
   lands on a busy replica only when both samples are busy: it waits to prefill with probability rho^2, not
   rho, and a decoding request sees new prompts at lambda * min(b, 1): the router keeps replicas evenly
@@ -57,6 +58,7 @@ LOAD_FLOOR = 1e-3  # sequences per replica: the idle end of the search
 _Z95 = NormalDist().inv_cdf(0.95)
 _Z = tuple(NormalDist().inv_cdf(u) for u in MIX_QUANTILES)
 WEIGHTS = np.array(MIX_WEIGHTS)
+Z_NODES = np.array(_Z)
 
 
 def lognormal_quantiles(mean: float, p95: float | None, sigma: float = OUTPUT_SIGMA) -> tuple[float, ...]:
@@ -118,6 +120,7 @@ class Rows:
     # Derived by make_rows.
     chunk_s: F64  # engine time of a full chunk of prefill: the most one gap of a decoding request can stall
     prefill: F64  # (rows, nodes): a prompt's own prefill time, p/R + quad*p^2
+    log_prompt: F64  # (rows, nodes): log of the prompt lengths, the quantile function late_share reads
     gaps: F64  # (rows, nodes): output tokens - 1, the gaps a TPOT is the mean of
     ex: F64  # mean engine time of a prompt (its prefill + per-sequence cost: what the iterations it shares pay)
     cv: F64  # E[engine^2] / E[engine]^2
@@ -136,8 +139,9 @@ def make_rows(prefill_tokens_per_s: F64, overhead_s: F64, alpha: F64, beta: F64,
     ex, ex2 = _mean(engine), _mean(engine * engine)
     chunk_s = seq_s + chunk / prefill_tokens_per_s + quad_s * chunk * chunk
     return Rows(prefill_tokens_per_s, overhead_s, alpha, beta, seq_s, quad_s, ttft_slo, tpot_slo, corr_ttft,
-                corr_tpot, output_mean, chunk, prompt, output, chunk_s, prefill, output - 1.0, ex, ex2 / (ex * ex),
-                ex2, _mean(prompt), _mean(prompt * prompt), _mean(engine * prompt))
+                corr_tpot, output_mean, chunk, prompt, output, chunk_s, prefill, np.log(np.maximum(prompt, 1.0)),
+                output - 1.0, ex, ex2 / (ex * ex), ex2, _mean(prompt), _mean(prompt * prompt),
+                _mean(engine * prompt))
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,30 @@ def rate_at(rows: Rows, batch: F64) -> tuple[F64, F64]:
     return rate, tpot_mean
 
 
+def late_share(rows: Rows, budget: F64, per_token: F64) -> F64:
+    """Share of prompts whose own prefill, quad*p^2 + per_token*p, overruns ``budget``: those past the
+    length p* that solves it, read off the mix's quantile function (log length linear in the normal score
+    between nodes, the end segments extended past the ends).
+
+    Counting a node late whole would make the 1% of prompts the top node stands for (the whole miss budget
+    of a 99% SLO) miss or not as its length crosses p*: a few prompts in a window then flip a flavor's
+    capacity 10-20x between periods (bench/results/late_share.md)."""
+    col = np.newaxis
+    b = np.maximum(budget, 0.0)
+    p_star = 2.0 * b / (per_token + np.sqrt(per_token * per_token + 4.0 * rows.quad_s * b))
+    log_star = np.log(np.maximum(p_star, 1e-300))
+    m, n = rows.log_prompt.shape
+    # The nodes at or below p*, counted by a matmul: a boolean sum along the short axis is 3x slower.
+    below = (rows.log_prompt <= log_star[:, col]).astype(np.float64) @ np.ones(n)
+    k = np.clip(below, 1, n - 1).astype(np.intp)  # p* is in the segment [k-1, k]
+    flat = rows.log_prompt.ravel()
+    at = np.arange(m) * n + k
+    lo, hi = flat[at - 1], flat[at]
+    z_lo, z_hi = Z_NODES[k - 1], Z_NODES[k]
+    z = z_lo + (log_star - lo) * (z_hi - z_lo) / np.maximum(hi - lo, 1e-9)
+    return np.asarray(np.where(budget <= 0, 1.0, ndtr(-z)))
+
+
 def at_load(rows: Rows, batch: F64) -> Load:
     """Arrival rate and SLO misses of one replica running ``batch`` sequences on average.
 
@@ -184,11 +212,12 @@ def at_load(rows: Rows, batch: F64) -> Load:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         wait_mean = rate * (rows.ex2 + 2.0 * c * rows.ep + c * c * rows.p2) / (2.0 * (1.0 - rho))
         # TTFT: own prefill (and its chunks' decode share) within the target, then an exponential wait tail.
-        slack = ((rows.ttft_slo / rows.corr_ttft - rows.overhead_s)[:, col] - rows.prefill) - rows.prompt * c[:, col]
+        budget = rows.ttft_slo / rows.corr_ttft - rows.overhead_s
+        slack = (budget[:, col] - rows.prefill) - rows.prompt * c[:, col]
         decay = (rho / np.maximum(wait_mean, 1e-300))[:, col]
-        late = slack <= 0  # the prompt alone misses
-        waits = np.where(late, 0.0, np.exp(-decay * np.maximum(slack, 0.0)))
-        ttft_miss = _mean(late) + rho ** ROUTER_CHOICES * _mean(waits)
+        waits = np.where(slack <= 0, 0.0, np.exp(-decay * np.maximum(slack, 0.0)))
+        late = late_share(rows, budget, 1.0 / rows.prefill_tokens_per_s + c)
+        ttft_miss = late + rho**ROUTER_CHOICES * _mean(waits)
         # TPOT: prompts prefilled during this request's decode, at the rate the router sends to a busy replica.
         # Their count over the request's gaps is Poisson(lam); the stall given at least one is log-normal
         # with the compound sum's mean m1 = lam*E/some and E[S^2]/m1^2 = some*(1 + cv/lam). The budget is

@@ -15,6 +15,7 @@ from rayscale.core.attainment import (
     WEIGHTS,
     at_load,
     largest_load,
+    late_share,
     lognormal_quantiles,
     mix_quantiles,
     tpot_quantile,
@@ -113,6 +114,35 @@ def test_search_finds_the_crossing_to_its_tolerance_on_every_row() -> None:
     stalls = t > rows.corr_tpot * (rows.alpha + rows.beta * np.maximum(load, 1.0)) * (1 + RTOL) ** 2
     assert stalls.sum() > len(cases) // 2  # most p95s include a stall; the rest are a decode iteration
     assert np.all(lower.tpot_miss[stalls] > 0.05 * multi[stalls])
+
+
+def test_share_of_prompts_too_long_to_prefill_in_time_follows_the_sample() -> None:
+    """The late share read off the nine quantile nodes against the share of the sample's own prompts past p*,
+    for budgets whose p* runs from the median to past the longest node."""
+    prompts = np.random.default_rng(3).lognormal(np.log(1500), 0.8, 200_000)
+    mix = RequestMix(float(prompts.mean()), 15.0, float(np.percentile(prompts, 95)), length_quantiles(prompts))
+    rows = rows_of([CAT.profile("mistral-7b", "inf2")], [SLO_], [mix], [Correction()])
+    per_token = 1.0 / rows.prefill_tokens_per_s
+    for p_star in np.quantile(prompts, [0.5, 0.8, 0.93, 0.97, 0.98, 0.99, 0.995, 0.998]):
+        budget = p_star * per_token + rows.quad_s * p_star * p_star
+        sampled = float(np.mean(prompts > p_star))
+        assert float(late_share(rows, budget, per_token)[0]) == pytest.approx(sampled, rel=0.25, abs=5e-4)
+    assert late_share(rows, np.array([0.0]), per_token)[0] == 1.0
+
+
+def test_the_longest_prompts_cross_the_ttft_budget_gradually() -> None:
+    """As a window's longest prompts grow past what inf2 prefills within the TTFT target, the misses grow by
+    a fraction of a point per step: counting the top node (1% of requests, a 99% SLO's whole allowance) late
+    whole flipped a flavor's capacity 10-20x between periods on a few prompts."""
+    quantiles = np.array(mix_quantiles(CODE)[0])
+    prof = CAT.profile("mistral-7b", "inf2")
+    longest = np.linspace(0.8, 1.25, 46) * SLO_.ttft_p95_s * prof.prefill_tokens_per_s
+    mixes = [RequestMix(CODE.prompt_mean, CODE.output_mean, CODE.prompt_p95,
+                        (*quantiles[:-1], max(top, quantiles[-2])), CODE.output_quantiles) for top in longest]
+    rows = rows_of([prof] * len(mixes), [SLO_] * len(mixes), mixes, [Correction()] * len(mixes))
+    miss = at_load(rows, np.full(len(mixes), 1.0)).ttft_miss
+    assert miss[0] < miss[-1] - 0.003  # the top prompts do cross the budget within the sweep
+    assert float(np.max(np.abs(np.diff(miss)))) < 0.002
 
 
 def test_slow_prefill_costs_a_prompt_heavy_mix_most() -> None:
