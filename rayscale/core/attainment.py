@@ -59,6 +59,7 @@ _Z95 = NormalDist().inv_cdf(0.95)
 _Z = tuple(NormalDist().inv_cdf(u) for u in MIX_QUANTILES)
 WEIGHTS = np.array(MIX_WEIGHTS)
 Z_NODES = np.array(_Z)
+TOP_SHARE = 1.0 - MIX_QUANTILES[-1]  # the share of prompts above the top node
 
 
 def lognormal_quantiles(mean: float, p95: float | None, sigma: float = OUTPUT_SIGMA) -> tuple[float, ...]:
@@ -92,6 +93,14 @@ def mix_quantiles(mix: RequestMix) -> tuple[tuple[float, ...], tuple[float, ...]
     return prompt, tuple([o if o >= 1.0 else 1.0 for o in output])
 
 
+def prompt_end(mix: RequestMix) -> float:
+    """The longest prompt the mix has: its own when known; the fallback log-normal's cap; else inf (the
+    observed nodes' tail extrapolated)."""
+    if mix.prompt_max is not None:
+        return max(mix.prompt_max, 1.0)
+    return PROMPT_TAIL_CAP * max(mix.prompt_p95, mix.prompt_mean) if mix.prompt_quantiles is None else math.inf
+
+
 def _mean(x: npt.NDArray[np.float64] | npt.NDArray[np.bool_]) -> F64:
     """Weighted mean over the length nodes, row by row (a matmul's sums depend on how many rows it has, and
     a row's capacity must not)."""
@@ -121,6 +130,7 @@ class Rows:
     chunk_s: F64  # engine time of a full chunk of prefill: the most one gap of a decoding request can stall
     prefill: F64  # (rows, nodes): a prompt's own prefill time, p/R + quad*p^2
     log_prompt: F64  # (rows, nodes): log of the prompt lengths, the quantile function late_share reads
+    log_prompt_end: F64  # log of the longest prompt (prompt_end; inf: not known), where that function ends
     gaps: F64  # (rows, nodes): output tokens - 1, the gaps a TPOT is the mean of
     ex: F64  # mean engine time of a prompt (its prefill + per-sequence cost: what the iterations it shares pay)
     cv: F64  # E[engine^2] / E[engine]^2
@@ -132,15 +142,16 @@ class Rows:
 
 def make_rows(prefill_tokens_per_s: F64, overhead_s: F64, alpha: F64, beta: F64, seq_s: F64, quad_s: F64,
               ttft_slo: F64, tpot_slo: F64, corr_ttft: F64, corr_tpot: F64, output_mean: F64, chunk: F64,
-              prompt: F64, output: F64) -> Rows:
+              prompt: F64, output: F64, prompt_end: F64 | None = None) -> Rows:
     col = np.newaxis
     prefill = prompt / prefill_tokens_per_s[:, col] + quad_s[:, col] * prompt * prompt
     engine = seq_s[:, col] + prefill
     ex, ex2 = _mean(engine), _mean(engine * engine)
     chunk_s = seq_s + chunk / prefill_tokens_per_s + quad_s * chunk * chunk
+    end = np.full(len(prompt), np.inf) if prompt_end is None else prompt_end
     return Rows(prefill_tokens_per_s, overhead_s, alpha, beta, seq_s, quad_s, ttft_slo, tpot_slo, corr_ttft,
                 corr_tpot, output_mean, chunk, prompt, output, chunk_s, prefill, np.log(np.maximum(prompt, 1.0)),
-                output - 1.0, ex, ex2 / (ex * ex), ex2, _mean(prompt), _mean(prompt * prompt),
+                np.log(np.maximum(end, 1.0)), output - 1.0, ex, ex2 / (ex * ex), ex2, _mean(prompt), _mean(prompt * prompt),
                 _mean(engine * prompt))
 
 
@@ -174,8 +185,11 @@ def rate_at(rows: Rows, batch: F64) -> tuple[F64, F64]:
 
 def late_share(rows: Rows, budget: F64, per_token: F64) -> F64:
     """Share of prompts whose own prefill, quad*p^2 + per_token*p, overruns ``budget``: those past the
-    length p* that solves it, read off the mix's quantile function (log length linear in the normal score
-    between nodes, the end segments extended past the ends).
+    length p* that solves it, read off the mix's quantile function: log length linear in the normal score
+    between nodes, the bottom segment extended past the bottom node; past the top node, the top share
+    falls linearly in log length to 0 at the longest prompt (the segment extended where that is unknown:
+    a log-normal's tail never ends, and read past prompts no window had it cost 5% on a trace clipped at
+    8k tokens, bench/results/late_share.md).
 
     Counting a node late whole would make the 1% of prompts the top node stands for (the whole miss budget
     of a 99% SLO) miss or not as its length crosses p*: a few prompts in a window then flip a flavor's
@@ -193,7 +207,12 @@ def late_share(rows: Rows, budget: F64, per_token: F64) -> F64:
     lo, hi = flat[at - 1], flat[at]
     z_lo, z_hi = Z_NODES[k - 1], Z_NODES[k]
     z = z_lo + (log_star - lo) * (z_hi - z_lo) / np.maximum(hi - lo, 1e-9)
-    return np.asarray(np.where(budget <= 0, 1.0, ndtr(-z)))
+    top = rows.log_prompt[:, -1]
+    end = np.maximum(rows.log_prompt_end, top)
+    with np.errstate(invalid="ignore"):  # inf - inf where the end is unknown: the where below drops it
+        to_end = TOP_SHARE * np.clip((end - log_star) / np.maximum(end - top, 1e-9), 0.0, 1.0)
+    share = np.where((log_star >= top) & np.isfinite(end), to_end, ndtr(-z))
+    return np.asarray(np.where(budget <= 0, 1.0, share))
 
 
 def at_load(rows: Rows, batch: F64) -> Load:

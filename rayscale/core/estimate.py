@@ -42,6 +42,7 @@ from rayscale.core.attainment import (
     largest_load,
     make_rows,
     mix_quantiles,
+    prompt_end,
     rate_at,
     subset,
     tpot_quantile,
@@ -215,7 +216,7 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
     """The tail model's column arrays, one row per (profile, SLO, mix, correction); ``uncorrected``: every
     correction taken as 1 (what the profile alone says); ``prefill_scale``: per row, the factor its prefill
     is faster by (prefix_scales; None: 1)."""
-    lengths, by_mix = _shared(mixes, lambda m: (*mix_quantiles(m), max(m.output_mean, 1.0)))
+    lengths, by_mix = _shared(mixes, lambda m: (*mix_quantiles(m), max(m.output_mean, 1.0), prompt_end(m)))
     targets, by_slo = _shared(slos, lambda s: (s.ttft_p95_s, s.tpot_p95_s))
     r, over, alpha, beta, seq, quad, chunk = _profile_columns(profiles)[:, :7].T
     if prefill_scale is not None:
@@ -226,8 +227,8 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
     nodes = len(MIX_QUANTILES)
     prompt = np.array([q[0] for q in lengths], dtype=float).reshape(-1, nodes)[by_mix]
     output = np.array([q[1] for q in lengths], dtype=float).reshape(-1, nodes)[by_mix]
-    o = np.array([q[2] for q in lengths], dtype=float)[by_mix]
-    return make_rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o, chunk, prompt, output)
+    o, end = np.array([q[2:] for q in lengths], dtype=float).reshape(-1, 2)[by_mix].T
+    return make_rows(r, over, alpha, beta, seq, quad, ttft, tpot, c_ttft, c_tpot, o, chunk, prompt, output, end)
 
 
 def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
@@ -464,14 +465,14 @@ def within_context(mix: RequestMix, max_model_len: int | None) -> RequestMix:
         return mix
     cap = float(max_model_len)
     prompt, _ = mix_quantiles(mix)
-    if max(mix.prompt_mean, mix.prompt_p95, *prompt) <= cap:
+    if max(mix.prompt_mean, mix.prompt_p95, *prompt, prompt_end(mix)) <= cap:
         return mix
     cut = tuple(min(x, cap) for x in prompt)
     # The mean falls with the tail cut off (by the nodes' weighted means), so that what reads the mean
     # (TPOT(b), the KV fit, drain_rps) sees the mix the nodes describe.
     share = float(np.dot(MIX_WEIGHTS, cut)) / max(float(np.dot(MIX_WEIGHTS, prompt)), 1e-9)
     return replace(mix, prompt_mean=min(mix.prompt_mean * share, cap), prompt_p95=min(mix.prompt_p95, cap),
-                   prompt_quantiles=cut)
+                   prompt_quantiles=cut, prompt_max=min(prompt_end(mix), cap))
 
 
 def _best_effort(catalog: Catalog, caps_of: dict[str, dict[str, ReplicaCapacity]],

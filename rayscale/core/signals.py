@@ -40,13 +40,15 @@ class RequestMix:
 
     ``prompt_quantiles`` / ``output_quantiles``: the lengths at MIX_QUANTILES (from the window's requests,
     or the engine's token histograms), when known; the estimator's tail terms read them, and fall back to a
-    log-normal through the mean (and p95) when they are not."""
+    log-normal through the mean (and p95) when they are not. ``prompt_max``: the window's longest prompt,
+    where the prompt tail ends (None: not known, and the tail past the top node is extrapolated)."""
 
     prompt_mean: float
     output_mean: float
     prompt_p95: float
     prompt_quantiles: tuple[float, ...] | None = None
     output_quantiles: tuple[float, ...] | None = None
+    prompt_max: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt_quantiles", "output_quantiles"):

@@ -162,6 +162,14 @@ def _quantiles(buckets: dict[float, float]) -> tuple[float, ...] | None:
     return None if any(q is None for q in qs) else tuple(max(q or 0.0, 1.0) for q in qs)
 
 
+def _longest(buckets: dict[float, float]) -> float | None:
+    """The upper bound of a token histogram's highest bucket that gained observations (the longest length
+    is at most that); None without observations or with some past the last finite bound."""
+    bs = sorted(buckets.items())
+    if not bs or bs[-1][1] <= 0:
+        return None
+    top = next(le for le, c in bs if c >= bs[-1][1])
+    return None if math.isinf(top) else top
 
 
 # What a request mix is computed from: older scrapes are kept trimmed to these (``mix_only``).
@@ -193,7 +201,8 @@ def _mix(first: Scrape, last: Scrape, model: str) -> tuple[RequestMix | None, fl
     prompt_mean = c[PROMPT] / started
     p95 = histogram_quantile(0.95, b.get(PROMPT_HIST, {}))
     return RequestMix(prompt_mean, max(output_mean, 1.0), p95 or 2.0 * prompt_mean,
-                      _quantiles(b.get(PROMPT_HIST, {})), _quantiles(b.get(GEN_HIST, {}))), finished or done
+                      _quantiles(b.get(PROMPT_HIST, {})), _quantiles(b.get(GEN_HIST, {})),
+                      _longest(b.get(PROMPT_HIST, {}))), finished or done
 
 
 def _mix_span(ok: Sequence[Scrape], first: Scrape, last: Scrape, model: str, min_requests: int,

@@ -616,4 +616,4 @@ def window_mix(prompt: np.ndarray, output: np.ndarray) -> RequestMix | None:
     if len(prompt) == 0:
         return None
     return RequestMix(float(prompt.mean()), float(max(output.mean(), 1.0)), p95(prompt), length_quantiles(prompt),
-                      length_quantiles(output))
+                      length_quantiles(output), float(prompt.max()))

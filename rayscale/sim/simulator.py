@@ -254,7 +254,8 @@ class Simulation:
             out_mean = float(out.mean()) if out is not None else (last.output_mean if last else 1.0)
             out_q = length_quantiles(out) if out is not None else (last.output_quantiles if last else None)
             p = self.prompt[mix_lo:hi]
-            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), p95(p), length_quantiles(p), out_q)
+            self._last_mix = RequestMix(float(p.mean()), max(out_mean, 1.0), p95(p), length_quantiles(p), out_q,
+                                        float(p.max()))
         eng = self.engine
         ttft = eng.ttft[done]
         tpot = eng.tpot[done][self.output[done] > 1]

@@ -130,6 +130,28 @@ def test_share_of_prompts_too_long_to_prefill_in_time_follows_the_sample() -> No
     assert late_share(rows, np.array([0.0]), per_token)[0] == 1.0
 
 
+def test_the_prompt_tail_ends_at_the_longest_prompt() -> None:
+    """Past the top node the share falls to 0 at the window's longest prompt, continuous at the node, where
+    a log-normal's tail would count prompts past any the window had late (the generator clips at 8k)."""
+    prompts = np.minimum(np.random.default_rng(4).lognormal(np.log(1000), 0.8, 200_000), 12_000)
+    q = length_quantiles(prompts)
+    ended, unended = (RequestMix(float(prompts.mean()), 15.0, float(np.percentile(prompts, 95)), q, None, end)
+                      for end in (float(prompts.max()), None))
+    rows = rows_of([CAT.profile("mistral-7b", "inf2")] * 2, [SLO_] * 2, [ended, unended], [Correction()] * 2)
+    per_token = 1.0 / rows.prefill_tokens_per_s
+    for p_star in (q[-1] * 0.999, q[-1] * 1.001, 9000.0, 10_000.0, 11_000.0, 11_990.0, 12_000.0, 15_000.0):
+        budget = p_star * per_token + rows.quad_s * p_star * p_star
+        share = late_share(rows, budget, per_token)
+        sampled = float(np.mean(prompts > p_star))
+        assert share[0] == pytest.approx(sampled, abs=1e-3)
+        if p_star < q[-1]:
+            assert share[0] == share[1]  # below the top node the end changes nothing
+    at_end = 12_000.0 * per_token + rows.quad_s * 12_000.0**2
+    assert late_share(rows, at_end, per_token)[0] == 0.0 < late_share(rows, at_end, per_token)[1]
+    near = [late_share(rows, x * per_token + rows.quad_s * x * x, per_token)[0] for x in (q[-1] * 0.999, q[-1] * 1.001)]
+    assert abs(near[0] - near[1]) < 1e-4  # continuous at the top node
+
+
 def test_the_longest_prompts_cross_the_ttft_budget_gradually() -> None:
     """As a window's longest prompts grow past what inf2 prefills within the TTFT target, the misses grow by
     a fraction of a point per step: counting the top node (1% of requests, a 99% SLO's whole allowance) late

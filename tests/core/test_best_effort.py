@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.core.attainment import mix_quantiles
+from rayscale.core.attainment import mix_quantiles, prompt_end
 from rayscale.core.catalog import Catalog, FlavorLimits
 from rayscale.core.chunk import pin_chunks
 from rayscale.core.estimate import EstimateSettings, estimate, within_context
@@ -102,7 +102,7 @@ def test_min_replicas_is_kept_best_effort() -> None:
 
 def test_requests_past_max_model_len_are_not_sized_for() -> None:
     cut = within_context(LONG, 32768)
-    assert cut.prompt_p95 == 32768 and max(mix_quantiles(cut)[0]) == 32768
+    assert cut.prompt_p95 == 32768 and max(mix_quantiles(cut)[0]) == 32768 and prompt_end(cut) == 32768
     assert cut.prompt_mean < LONG.prompt_mean
     assert within_context(SHORT, 32768) is SHORT and within_context(LONG, None) is LONG
     # With the 39k tail sized for, no flavor meets the SLO; cut at the context, H100 does.

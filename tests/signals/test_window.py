@@ -186,13 +186,14 @@ def test_parse_reads_only_the_kept_families_and_keeps_what_a_full_parse_keeps() 
 
 def test_length_quantiles_come_from_the_token_histograms_of_the_window() -> None:
     """The estimator's tail terms read the mix's lengths at MIX_QUANTILES: vLLM's prompt and generation
-    token histograms, differenced over the window like every histogram, and none without them."""
-    def rep(t: float, n: float) -> dict:
+    token histograms, differenced over the window like every histogram, and none without them. The longest
+    prompt is the highest bucket's bound that gained any, unknown when one went past the last bound."""
+    def rep(t: float, n: float, past: float = 0.0) -> dict:
         s = _rep("m", "a10g", "r1", t, n, n, 0, {})
         lb = labels(model="m", flavor="a10g", ReplicaId="r1")
         # In the window: 40 prompts, half of 100-1,000 tokens and half of 1,000-10,000; 40 answers of 1-10.
         grow = (n - 100) / 40
-        for name, edges in ((PROMPT_HIST, {1000.0: 20, 10000.0: 40, float("inf"): 40}),
+        for name, edges in ((PROMPT_HIST, {1000.0: 20, 10000.0: 40, float("inf"): 40 + past}),
                             (GEN_HIST, {10.0: 40, float("inf"): 40})):
             for le, c in edges.items():
                 s[(name + "_bucket", tuple(sorted((*lb, ("le", str(le))))))] = 100 + c * grow
@@ -207,9 +208,12 @@ def test_length_quantiles_come_from_the_token_histograms_of_the_window() -> None
     assert sig.mix.prompt_quantiles[half] == pytest.approx(1000.0)
     assert sig.mix.prompt_quantiles[-1] == pytest.approx(1000 + 9000 * (0.995 * 40 - 20) / 20)
     assert all(1.0 <= o <= 10.0 for o in sig.mix.output_quantiles)
+    assert sig.mix.prompt_max == 10000.0
+    beyond = aggregate([Scrape(0.0, rep(0, 100, 1)), Scrape(10.0, rep(10, 140, 2))], now=10.0)["m"].mix
+    assert beyond is not None and beyond.prompt_max is None
     plain = [Scrape(0.0, _rep("m", "a10g", "r1", 0, 1, 1, 0, {})), Scrape(10.0, _rep("m", "a10g", "r1", 10, 5, 5, 0, {}))]
     mix = aggregate(plain, now=10.0)["m"].mix
-    assert mix is not None and mix.prompt_quantiles is None and mix.output_quantiles is None
+    assert mix is not None and mix.prompt_quantiles is None and mix.output_quantiles is None and mix.prompt_max is None
 
 
 def _steady(t: float, prompt_of: Callable[[int], int]) -> Scrape:
