@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rayscale.commands.settings_args import add_settings_args, settings_from_args
@@ -44,8 +45,8 @@ def register(sub: Any) -> None:
                         "(policy, model). Policies: rayscale (one step for all models), stock and static-best "
                         "(a fleet per model; limits they overrun are named), static-peak; clairvoyant and "
                         "fluid-bound run one model at a time")
-    p.add_argument("--policy", choices=POLICY_CHOICES, default="all",
-                   help="all: rayscale, stock, static-best, clairvoyant, fluid-bound")
+    p.add_argument("--policy", choices=POLICY_CHOICES, action="append",
+                   help="repeatable; all (the default): rayscale, stock, static-best, clairvoyant, fluid-bound")
     p.add_argument("--on-demand-only", action="store_true",
                    help="every policy plans and buys on-demand capacity only (the catalog without spot)")
     p.add_argument("--spot-interruptions", type=float, default=None, metavar="PER_NODE_H",
@@ -113,6 +114,16 @@ def run(args: argparse.Namespace) -> int:
     return run_single(args)
 
 
+def policy_names(chosen: list[str] | None, every: Sequence[str], aliases: Mapping[str, str] | None = None) -> list[str]:
+    """The policies a repeatable ``--policy`` names, in order and once each; "all" (or none given) is ``every``."""
+    out: list[str] = []
+    for name in chosen or ["all"]:
+        for n in every if name == "all" else [(aliases or {}).get(name, name)]:
+            if n not in out:
+                out.append(n)
+    return out
+
+
 def _single_setup(args: argparse.Namespace) -> tuple[Settings, Catalog, Trace, SimConfig]:
     """The settings, catalog, trace and simulator configuration ``args`` name; CatalogError, TraceSpecError,
     TraceFormatError or ValueError naming the flag that is wrong."""
@@ -169,7 +180,7 @@ def run_single(args: argparse.Namespace) -> int:
     except (CatalogError, TraceSpecError, TraceFormatError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = list(POLICIES) if args.policy == "all" else [args.policy]
+    names = policy_names(args.policy, POLICIES)
     results = []
     progress = not args.no_progress and sys.stderr.isatty() and len(trace) > 50_000
     for name in names:

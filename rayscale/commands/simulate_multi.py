@@ -76,7 +76,7 @@ def run_multi(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from rayscale.commands.settings_args import settings_from_args
-    from rayscale.commands.simulate import _warmup, request_mix_arg
+    from rayscale.commands.simulate import _warmup, policy_names, request_mix_arg
     from rayscale.config import load_catalog
     from rayscale.core.catalog import CatalogError
     from rayscale.sim.baselines import on_demand_only
@@ -87,7 +87,7 @@ def run_multi(args: argparse.Namespace) -> int:
     from rayscale.sim.sources import TraceSpecError
     from rayscale.sim.trace import TraceFormatError
 
-    names = list(MULTI_POLICIES) if args.policy == "all" else [ALIASES.get(args.policy, args.policy)]
+    names = policy_names(args.policy, MULTI_POLICIES, ALIASES)
     try:
         _checks(args)
         settings = settings_from_args(args)

@@ -109,6 +109,14 @@ def test_cli_json_keys(capsys):
                 "idle_node_hours", "failed_requests", "scale_up_events", "wall_s"} <= set(r)
 
 
+def test_cli_runs_each_policy_named(capsys):
+    """--policy repeats: each named policy runs once, in the order given (argparse's default kept only the last)."""
+    rc = cli_main(["simulate", "--trace", "gen:poisson:rate=2,hours=0.05", "--policy", "static-best", "--policy",
+                   "rayscale", "--policy", "static-best", "--json", "--no-progress"])
+    assert rc == 0
+    assert [json.loads(line)["policy"] for line in capsys.readouterr().out.splitlines()] == ["static-best", "rayscale"]
+
+
 def test_cli_says_loudly_when_requests_are_rejected(capsys, tmp_path):
     """A prompt over the model's context is refused as vLLM refuses it: counted apart, in a column and a warning."""
     rows = "".join(f"{2.0 * i},{40000 if i % 10 == 0 else 600},100\n" for i in range(300))
