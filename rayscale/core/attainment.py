@@ -142,16 +142,15 @@ class Rows:
 
 def make_rows(prefill_tokens_per_s: F64, overhead_s: F64, alpha: F64, beta: F64, seq_s: F64, quad_s: F64,
               ttft_slo: F64, tpot_slo: F64, corr_ttft: F64, corr_tpot: F64, output_mean: F64, chunk: F64,
-              prompt: F64, output: F64, prompt_end: F64 | None = None) -> Rows:
+              prompt: F64, output: F64, prompt_end: F64) -> Rows:
     col = np.newaxis
     prefill = prompt / prefill_tokens_per_s[:, col] + quad_s[:, col] * prompt * prompt
     engine = seq_s[:, col] + prefill
     ex, ex2 = _mean(engine), _mean(engine * engine)
     chunk_s = seq_s + chunk / prefill_tokens_per_s + quad_s * chunk * chunk
-    end = np.full(len(prompt), np.inf) if prompt_end is None else prompt_end
     return Rows(prefill_tokens_per_s, overhead_s, alpha, beta, seq_s, quad_s, ttft_slo, tpot_slo, corr_ttft,
                 corr_tpot, output_mean, chunk, prompt, output, chunk_s, prefill, np.log(np.maximum(prompt, 1.0)),
-                np.log(np.maximum(end, 1.0)), output - 1.0, ex, ex2 / (ex * ex), ex2, _mean(prompt), _mean(prompt * prompt),
+                np.log(np.maximum(prompt_end, 1.0)), output - 1.0, ex, ex2 / (ex * ex), ex2, _mean(prompt), _mean(prompt * prompt),
                 _mean(engine * prompt))
 
 
