@@ -13,7 +13,8 @@ version, or older than the rate history it carries is set aside with a message, 
 
 The text is JSON, encoded from the records' own type hints (``encode``/``decode``): a field added to a
 record is carried without code here, and one the text lacks keeps its default. The estimator's last
-demands are left out (they only seed the next period's searches).
+demands are left out (they only seed the next period's searches), and so is the forecast horizon: it is
+worked out from the catalog and the settings, which a restart may have changed.
 """
 
 from __future__ import annotations
@@ -156,8 +157,8 @@ def _decode_record(tp: type, value: Any, where: str) -> Any:
 
 
 def dumps(cp: Checkpoint) -> str:
-    """The checkpoint as one line of JSON (the estimator's demands left out)."""
-    body = encode(replace(cp, state=replace(cp.state, demands=None)))
+    """The checkpoint as one line of JSON (the estimator's demands and the horizon left out)."""
+    body = encode(replace(cp, state=replace(cp.state, demands=None, horizon_s=None)))
     return json.dumps({"version": VERSION, **body}, separators=(",", ":"), allow_nan=True)
 
 
@@ -178,4 +179,4 @@ def loads(text: str, source: str) -> Checkpoint:
         raise CheckpointError(f"{source}: {e}") from None
     if not math.isfinite(cp.t):
         raise CheckpointError(f"{source}: t: expected a finite time, got {cp.t}")
-    return cp
+    return replace(cp, state=replace(cp.state, horizon_s=None))  # one saved before it was left out

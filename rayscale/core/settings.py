@@ -54,9 +54,11 @@ class Settings:
     # pattern repeating every 30 min is seen twice before it is trusted (rayscale.core.forecast).
     history_window_s: float = 60.0
     history_len: int = 120
-    # How far ahead the forecaster looks; None: the median start-up (node + model load) of the catalog's
-    # offerings, as long as ordered capacity takes to serve.
-    forecast_horizon_s: float | None = None
+    # How far ahead the forecaster looks. None: the median start-up (node + model load) of the catalog's
+    # offerings, as long as ordered capacity takes to serve; 660 s on the shipped catalog, which ordered a
+    # first rise one or two nodes at a time and missed 99% on the dev Azure code trace. 15 min met it
+    # there at 4.9% more over dev (bench/results/tune_horizon.md).
+    forecast_horizon_s: float | None = 900.0
     # Where the trend of the trend forecasters starts: "difference" of the first two windows (Holt's
     # textbook start), or "flat", earned window by window (rayscale.core.forecast.TrendSeasonal).
     trend_start: str = "difference"

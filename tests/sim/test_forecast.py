@@ -84,8 +84,9 @@ def test_the_step_looks_as_far_ahead_as_capacity_takes_to_start():
     tr = load_spec("gen:poisson:rate=1,hours=0.05", seed=0)
     sim = Simulation(cat, tr, RayscalePolicy(), SimConfig())
     for name in ("trend", "seasonal", "peak"):
-        fc = forecaster_for(cat, Settings(forecaster=name))
+        fc = forecaster_for(cat, Settings(forecaster=name, forecast_horizon_s=None))
         assert fc.horizon == round(sim.typical_startup_s() / 60)  # type: ignore[attr-defined]
+    assert forecaster_for(cat, Settings()).horizon == 15  # type: ignore[attr-defined]  # shipped: 900 s
     assert forecaster_for(cat, Settings(forecaster="peak", forecast_horizon_s=120.0)).horizon == 2  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match=r"Settings\.forecaster must be one of"):
         Settings(forecaster="nope")
