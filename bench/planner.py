@@ -164,7 +164,8 @@ def report(table: str, steps: str, rev: str | None, against: str, counted: str) 
             "1,000 x 20 <= 200 ms.\n\n```\n" + table + "\n```\n")
     text += ("\nOne `rayscale.core.step.step` (history, corrections, estimate, plan, act decisions) with the "
              "shipped settings: first on an empty cluster, then on the cluster its plan asked for (every "
-             "replica a ready gang), carrying the state of the step before; median of 5 later steps. "
+             "replica a ready gang) an hour later (every model past its scale-down wait, so a steady model's "
+             "move is checked), carrying the state of the step before; median of 5 later steps. "
              "Signals `fixed`: the same every period; `observed`: new every period as a running fleet "
              "reports them (prompts drifting 0.5% a period, prefix-cache hit rates 0.1-0.5 read over 30 s, "
              "every running flavor's latency, so corrections update; `bench.planner.Observed`). The "

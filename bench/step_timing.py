@@ -22,6 +22,9 @@ from rayscale.core.signals import FlavorObservation, ModelSignals, RequestMix
 from rayscale.core.step import ServeView, StepContext, StepState, step
 
 DEFAULT_GC = gc.get_threshold()
+# Later steps start this long after the first: every model past its scale-down wait and dwell, as in a fleet
+# that has run a while, so the checks a settled fleet gets (a steady model's move) are timed too.
+LATER_S = 3600.0
 
 
 def settle_heap() -> None:
@@ -99,7 +102,7 @@ def time_step(cat: Catalog, sig: dict[str, ModelSignals], repeat: int, observed:
     for i in range(repeat):
         now_sig = feed.next(gangs) if observed else sig
         t = time.perf_counter()
-        state = step(StepContext(float(5 * (i + 1)), cat, now_sig, gangs, serve, Settings(), state)).state
+        state = step(StepContext(LATER_S + 5 * i, cat, now_sig, gangs, serve, Settings(), state)).state
         times.append(time.perf_counter() - t)
     return first_ms, statistics.median(times) * 1000, sum(g.nodes for g in gangs)
 
@@ -128,10 +131,10 @@ def later_steps_reduced(root: str, steps: int, observed: bool) -> None:
     gangs, serve = cluster_view(cat, first.plan.target())
     feed = Observed(sig)
     feeds = [feed.next(gangs) if observed else sig for _ in range(steps + 1)]
-    warm = step(StepContext(5.0, cat, feeds[0], gangs, serve, Settings(), first.state)).state
+    warm = step(StepContext(LATER_S, cat, feeds[0], gangs, serve, Settings(), first.state)).state
 
     def later(state: StepState, i: int) -> StepState:
-        return step(StepContext(5.0 * (i + 2), cat, feeds[i + 1], gangs, serve, Settings(), state)).state
+        return step(StepContext(LATER_S + 5.0 * (i + 1), cat, feeds[i + 1], gangs, serve, Settings(), state)).state
 
     functools.reduce(later, range(steps), warm)
 

@@ -6,7 +6,10 @@ value and the planner's memory in; the plan and the new memory out. Stability ru
 - under-provisioned (demand > current capacity, or fewer than min_replicas): scale up at once, keeping
   every current replica (the solver may only add), and order whole replicas of the model's best-value
   flavor ($ per req/s, spot blended at its share cap) rather than the cheapest cover of the shortfall;
-- inside the hysteresis band (demand >= (1 - band) x capacity): keep what runs;
+- inside the hysteresis band (demand >= (1 - band) x capacity): keep what runs, unless it has not changed
+  for as long as a scale-down waits and the same capacity on one flavor it can add costs
+  ``scale_down_move_saving`` less: then re-plan at that capacity (``steady_moves``; so too below the band
+  while the scale-down waits);
 - over-provisioned: only after demand stayed below the band for ``downscale_delay_s`` and the model's last
   change is ``min_dwell_s`` old (and at least as old as its flavors' start-up time, so capacity is never
   cancelled before it could serve), re-plan freely (this is also when a cheaper flavor mix replaces the
@@ -95,6 +98,12 @@ class PlannerSettings:
     # noisy. Without it, on the diurnal trace a scale-down swapped 1 L40S for 3 inf2 to save 2%, the next
     # rise swapped back, and each swap's start-up cost SLO (simulated, 99.48% where 99.9% was usual).
     scale_down_move_saving: float = 0.15
+    # A steady model (demand inside the band) whose fleet costs scale_down_move_saving more than the same
+    # capacity on one flavor it can add is re-planned at that capacity, once its last change is as old as a
+    # scale-down waits (Karpenter's single-node consolidation by replacement). Off, a fleet bought while
+    # its best flavor was backed off (an 8-GPU p5.48xlarge for 4 replicas) kept it for as long as the
+    # demand stayed in the band.
+    steady_moves: bool = True
     # No new spot gang of a flavor whose interruptions (the learned rate, rayscale.core.spot) would put more
     # than this share of the model's requests at risk: rate x nodes x replacement lead time x the share of
     # the model's need one gang carries. The availability discount counts a spot replica at its average
@@ -150,6 +159,7 @@ class PlannerMemory:
     # the world keeps a decision in force while gangs drain or start (the world lags the plan), so the
     # planner does not re-decide the old state and flap.
     targets: dict[str, dict[Key, int]] = field(default_factory=dict)
+    at_s: float | None = None  # when the last plan was made (None: none yet)
 
 
 @dataclass(frozen=True)
@@ -275,7 +285,8 @@ class _Build:
     gangs: dict[tuple[str, str], GangShape] = field(default_factory=dict)  # (model, flavor)
     why: dict[str, str] = field(default_factory=dict)  # model -> the reason its entries carry
     rounded: dict[str, float] = field(default_factory=dict)  # req/s ordered beyond the demand: not demand
-    freed: set[str] = field(default_factory=set)  # models re-planned for a scale-down
+    freed: set[str] = field(default_factory=set)  # models re-planned for a scale-down or a steady move
+    repricing: set[str] = field(default_factory=set)  # ... of them, the steady ones (_cheaper_cover)
     notes: list[str] = field(default_factory=list)
     shapes: Shapes = field(default_factory=dict)
     spot_rates: Mapping[str, float] = field(default_factory=dict)  # flavor -> interruptions per node-hour
@@ -283,6 +294,9 @@ class _Build:
     # Replicas serving on ready gangs per offering, where the provider can move them (rayscale.core.act.
     # DrainGang); None: it cannot.
     serving: Mapping[Key, int] | None = None
+    current: Mapping[Key, int] = field(default_factory=dict)  # what every model converges to (_converging)
+    room: dict[str, tuple[float, float]] | None = None  # flavor -> (devices, nodes) its limits leave (_room)
+    last_plan_s: float | None = None  # PlannerMemory.at_s
 
 
 def plan(
@@ -308,7 +322,7 @@ def plan(
     blocked = _blocked(catalog, unavailable or {}, now)
     current = _converging(world, memory.targets, blocked)
     b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s),
-               spot_rates=spot_rates or {}, world=world, serving=serving)
+               spot_rates=spot_rates or {}, world=world, serving=serving, current=current, last_plan_s=memory.at_s)
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
@@ -317,7 +331,7 @@ def plan(
     problem, have = _problem(b)
     sol = _solve(problem, settings)
     if b.freed:
-        sol = _unless_moving_saves(problem, sol, have, b.freed, settings, b.why)
+        sol = _unless_moving_saves(problem, sol, have, b.freed, settings, b.why, b.repricing)
     sol, rest_best_effort = _serve_rest_best_effort(catalog, demands, problem, sol, b.rounded, b.shapes, blocked,
                                                     have, settings)
     entries, changed = _entries(catalog, problem, sol, have, current, b.gangs, b.why)
@@ -330,7 +344,7 @@ def plan(
         if e.replicas > 0:
             targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
     return (Plan(tuple(entries), shortfalls, sol.method, tuple(b.notes)),
-            PlannerMemory(b.last_change, b.below_since, targets))
+            PlannerMemory(b.last_change, b.below_since, targets, now))
 
 
 def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> None:
@@ -380,8 +394,93 @@ def _mode(b: _Build, name: str, d: Demand | None, cur: dict[Key, int], cur_cap: 
     if d.rps >= (1 - _band(b.settings, d)) * cur_cap:
         b.why[name] = f"steady: need {d.rps:.2f} req/s of {cur_cap:.2f} ({d.reason})"
         b.below_since.pop(name, None)
-        return Mode.KEEP, d.rps
+        return _keep_or_move(b, name, d, cur, cur_cap)
     return _scale_down_or_wait(b, name, d, cur, cur_cap)
+
+
+def _keep_or_move(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap: float) -> tuple[Mode, float]:
+    """A kept model (in the band, or below it waiting to scale down): what runs, or, where _cheaper_cover
+    finds a reason, its running capacity re-planned on cheaper offerings. That is Karpenter's consolidation
+    by replacement: a kept model is re-planned by nothing else, and a fleet bought while its best flavor was
+    backed off kept the dearer one for as long as the need stayed in the band, or crossed it back and forth
+    and reset the scale-down's wait each time."""
+    cheaper = _cheaper_cover(b, name, d, cur, cur_cap) if b.settings.steady_moves else None
+    if cheaper is None:
+        return Mode.KEEP, d.rps
+    b.freed.add(name)
+    b.repricing.add(name)
+    b.rounded[name] = cur_cap - d.rps
+    b.why[name] += f"; re-pricing its {cur_cap:.2f} req/s ({cheaper})"
+    return Mode.FREE, cur_cap
+
+
+def _cheaper_cover(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap: float) -> str | None:
+    """Why a steady model's fleet may move: on-demand replicas of one flavor it can add (and its limits leave
+    room for) cover what runs for ``scale_down_move_saving`` less than it costs; None where they do not, or
+    the fleet changed within the dwell a scale-down waits (_need_dwell) or the downscale delay, or when is
+    not known (after a restart, until the next change), or it was checked within the last downscale delay.
+    Priced in whole gangs, as they are paid for: an 8-GPU node holding four replicas costs the whole node.
+    A filter only: the solver plans the move, and _unless_moving_saves keeps it only where the plan saves
+    as much (else the next check is a downscale delay later)."""
+    cfg, spec = b.settings, b.catalog.models[name]
+    last, before = b.last_change.get(name), b.last_plan_s
+    if cur_cap <= 0 or last is None or b.now - last < cfg.downscale_delay_s:
+        return None
+    # Checked once every downscale delay, counted from the model's last change (the first plan checks all):
+    # the check reads every flavor of the model, and a thousand steady models checked every period cost
+    # 15-20 ms a step (bench.planner).
+    every = max(cfg.downscale_delay_s, cfg.min_dwell_s, 1.0)
+    if before is not None and before > last and (b.now - last) // every == (before - last) // every:
+        return None
+    if b.now - last < _need_dwell(b, name, cur):
+        return None
+    covers = derived(b.catalog, "covers", _covers)[name]
+    now_usd = 0.0
+    for (_, f, ct), n in cur.items():
+        c = covers.get(f)
+        if c is None or ct not in c.usd_per_h:
+            return None
+        now_usd += -(-n // c.slots) * c.slots * c.usd_per_h[ct]
+    # Only a cover under this price is a reason; most steady fleets run their best flavor already, so the
+    # loop rejects a flavor on one product (a lower bound: a replica at its share of a gang) before it works
+    # out whole gangs and limits.
+    best, best_usd = "", (1 - cfg.scale_down_move_saving) * now_usd
+    od, caps = CapacityType.ON_DEMAND.value, d.capacity
+    for f, c in covers.items():
+        cap, price = caps.get(f), c.usd_per_h.get(od)
+        if cap is None or price is None or price * cur_cap >= best_usd * cap.rps or (f, od) in b.blocked:
+            continue
+        n = min(math.ceil(cur_cap / cap.rps - 1e-9), spec.max_replicas)
+        gangs = -(-n // c.slots)
+        devices, nodes = _room(b).get(f, (math.inf, math.inf))
+        usd = gangs * c.slots * price
+        if usd < best_usd and n * cap.rps >= cur_cap - RPS_TOLERANCE and gangs * c.devices <= devices \
+                and gangs * c.nodes <= nodes:
+            best, best_usd = f, usd
+    return f"{best} would cost ${best_usd:.2f}/h where it runs at ${now_usd:.2f}/h" if best else None
+
+
+@dataclass(frozen=True)
+class _Cover:
+    """A (model, flavor) as _cheaper_cover prices it: replicas a gang holds, the gang's devices and nodes,
+    and a replica's $/h (its share of the gang) per capacity type."""
+
+    slots: int
+    devices: int
+    nodes: int
+    usd_per_h: dict[str, float]
+
+
+def _covers(catalog: Catalog) -> dict[str, dict[str, _Cover]]:
+    """Per model, per flavor a gang of it fits on, its _Cover (derived once per catalog)."""
+    out: dict[str, dict[str, _Cover]] = {}
+    for name, spec in catalog.models.items():
+        out[name] = {}
+        for f, par in sorted(spec.parallelism.items()):
+            got = _offer_shape(catalog, f, par) if f in catalog.flavors else "gone"
+            if not isinstance(got, str):
+                out[name][f] = _Cover(got[0].slots, got[2], got[0].nodes, {v: usd for _, v, usd in got[1]})
+    return out
 
 
 def bursts_last(cfg: PlannerSettings, d: Demand) -> bool:
@@ -400,14 +499,10 @@ def _band(cfg: PlannerSettings, d: Demand) -> float:
 def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap: float) -> tuple[Mode, float]:
     """An over-provisioned model: re-planned freely once the demand stayed below the band for the downscale
     delay and its last change is older than the dwell; kept until then."""
-    cfg, spec = b.settings, b.catalog.models[name]
+    cfg = b.settings
     since = b.below_since.setdefault(name, b.now)
     waited, dwell = b.now - since, b.now - b.last_change.get(name, -1e18)
-    need_dwell = cfg.min_dwell_s
-    if cfg.dwell_covers_startup:
-        need_dwell = max([need_dwell] + [
-            b.catalog.flavors[f].node_startup_s + b.catalog.profile(name, f).startup_s
-            for (_, f, _) in cur if f in b.catalog.flavors and f in spec.parallelism])
+    need_dwell = _need_dwell(b, name, cur)
     if waited >= cfg.downscale_delay_s and dwell >= need_dwell:
         b.freed.add(name)
         b.why[name] = f"scale down: need {d.rps:.2f} req/s, {cur_cap:.2f} running for {waited:.0f}s ({d.reason})"
@@ -420,7 +515,39 @@ def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cu
         return Mode.FREE, d.rps + b.rounded[name]
     b.why[name] = (f"over-provisioned for {waited:.0f}s (need {d.rps:.2f} of {cur_cap:.2f} req/s); "
                    f"scale-down waits {cfg.downscale_delay_s:.0f}s, and {need_dwell:.0f}s after the last change")
-    return Mode.KEEP, d.rps
+    return _keep_or_move(b, name, d, cur, cur_cap)
+
+
+def _room(b: _Build) -> dict[str, tuple[float, float]]:
+    """Per flavor with limits, the (devices, nodes) they leave beside what every model converges to; worked
+    out once a plan, when a steady model first asks (_cheaper_cover). Where limits bind, a cover that does
+    not fit would be offered to the solver, and refused, every period."""
+    if b.room is None:
+        used: dict[str, list[float]] = {}
+        for (m, f, _), n in b.current.items():
+            par = b.catalog.models[m].parallelism.get(f) if m in b.catalog.models else None
+            got = _cached_shape(b.catalog, b.shapes, f, par) if par is not None and f in b.catalog.flavors else "gone"
+            if not isinstance(got, str):
+                u = used.setdefault(f, [0.0, 0.0])
+                u[0] += got[0].gangs_for(n) * got[2]
+                u[1] += got[0].gangs_for(n) * got[0].nodes
+        b.room = {}
+        for fl in b.catalog.flavors.values():
+            lim, u = fl.limits, used.get(fl.name, [0.0, 0.0])
+            if lim.devices is not None or lim.nodes is not None:
+                b.room[fl.name] = (math.inf if lim.devices is None else lim.devices - u[0],
+                                   math.inf if lim.nodes is None else lim.nodes - u[1])
+    return b.room
+
+
+def _need_dwell(b: _Build, name: str, cur: dict[Key, int]) -> float:
+    """How old the model's last change must be before its fleet is re-planned: min_dwell_s, and the
+    start-up of the flavors it runs where dwell_covers_startup (PlannerSettings)."""
+    cfg, spec = b.settings, b.catalog.models[name]
+    if not cfg.dwell_covers_startup:
+        return cfg.min_dwell_s
+    return max([cfg.min_dwell_s] + [b.catalog.flavors[f].node_startup_s + b.catalog.profile(name, f).startup_s
+                                    for (_, f, _) in cur if f in b.catalog.flavors and f in spec.parallelism])
 
 
 def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacity],
@@ -710,9 +837,10 @@ def _solve(problem: Problem, settings: PlannerSettings) -> Solution:
 
 
 def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed: set[str],
-                         settings: PlannerSettings, why: dict[str, str]) -> Solution:
-    """The scale-downs of ``freed`` models by dropping running replicas only, unless starting replicas on
-    other offerings costs ``settings.scale_down_move_saving`` less (PlannerSettings says why)."""
+                         settings: PlannerSettings, why: dict[str, str], steady: set[str]) -> Solution:
+    """The scale-downs of ``freed`` models by dropping running replicas only (the ``steady`` ones keep what
+    runs), unless starting replicas on other offerings costs ``settings.scale_down_move_saving`` less
+    (PlannerSettings says why)."""
     offs = problem.offerings
     assert isinstance(offs, OfferingTable)
     moves = [j for j in range(len(offs)) if offs.model[j] in freed and sol.counts.get(j, 0) > have[j]]
@@ -731,8 +859,8 @@ def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed
         return sol
     saving = 1 - sol.usd_per_h / down.usd_per_h if down.usd_per_h > 0 else 0.0
     for m in sorted({offs.model[j] for j in moves}):
-        why[m] += (f"; dropping running replicas only (starting others would save {saving:.0%}, under "
-                   f"{settings.scale_down_move_saving:.0%})")
+        why[m] += (f"; {'keeping' if m in steady else 'dropping'} running replicas only (starting others would "
+                   f"save {saving:.0%}, under {settings.scale_down_move_saving:.0%})")
     return down
 
 

@@ -23,7 +23,7 @@ def _state() -> StepState:
     carried)."""
     q = tuple(float(100 * (i + 1)) for i in range(len(MIX_QUANTILES)))
     return StepState(
-        memory=PlannerMemory({"m": 10.0}, {"m": 20.0}, {"m": {("m", "l40s", "on-demand"): 3, ("m", "a10g", "spot"): 1}}),
+        memory=PlannerMemory({"m": 10.0}, {"m": 20.0}, {"m": {("m", "l40s", "on-demand"): 3, ("m", "a10g", "spot"): 1}}, 30.0),
         corrections={("m", "l40s"): Correction(1.2, 0.9, 0.05)},
         unavailable={("l40s", "us-east-1a", "spot"): 900.0},
         rate_history={"m": (1.0, 2.5, float("inf"))},

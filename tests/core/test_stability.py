@@ -232,3 +232,54 @@ def test_a_scale_down_keeps_capacity_for_the_rise_the_rate_is_on_and_not_for_a_f
     steep, _ = plan(CAT, {"mistral-7b": replace(d, rps=2 * cap, rise_rps=9 * cap)}, up, now=0.0, memory=mem,
                     settings=settings)
     assert steep.replicas("mistral-7b") == 6 and not steep.shortfalls
+
+
+def _steady_on_h100(now: float, settings: PlannerSettings, last_change: float | None = -1e9,
+                    unavailable: dict | None = None, last_plan: float | None = None,
+                    load: float = 0.9):  # type: ignore[no-untyped-def]
+    """Four mistral replicas on one 8-GPU p5.48xlarge (bought while L40S was backed off), for a demand of
+    ``load`` x what the four serve: inside the hysteresis band at 0.9, a steady model."""
+    cat = load_catalog().subset(["mistral-7b"], ["l40s", "h100"])
+    run = {("mistral-7b", "h100", "on-demand"): 4}
+    d = estimate(cat, {"mistral-7b": ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 1.0, MIX)})["mistral-7b"]
+    d = replace(d, rps=load * 4 * d.capacity["h100"].rps)
+    mem = PlannerMemory(last_change_s={} if last_change is None else {"mistral-7b": last_change}, at_s=last_plan)
+    return plan(cat, {"mistral-7b": d}, run, now=now, memory=mem, settings=settings, unavailable=unavailable)[0]
+
+
+@pytest.mark.parametrize(("solver", "load"), [("exact", 0.9), ("greedy", 0.9), ("greedy", 0.6)])
+def test_a_steady_fleet_on_a_dearer_flavor_moves_to_the_cheaper_cover(solver: str, load: float) -> None:
+    """In the band, and below it while the scale-down waits (a need that crosses the band back and forth
+    resets that wait each time): the running capacity, on the flavor that covers it for less."""
+    settings = PlannerSettings(solver=solver)
+    p = _steady_on_h100(0.0, settings, load=load)
+    assert p.replicas("mistral-7b", "h100") == 0 and p.replicas("mistral-7b", "l40s") > 0
+    assert not p.shortfalls and "re-pricing" in p.entries[0].reason
+    assert sum(e.rps_capacity for e in p.entries) >= 4 * p.replica_rps()[("mistral-7b", "h100")] - 1e-6
+    kept = _steady_on_h100(0.0, replace(settings, steady_moves=False), load=load)
+    assert kept.target() == {("mistral-7b", "h100", "on-demand"): 4}
+    assert ("steady" if load == 0.9 else "over-provisioned") in kept.entries[0].reason
+    assert p.usd_per_h <= (1 - settings.scale_down_move_saving) * kept.usd_per_h
+
+
+def test_a_steady_fleet_moves_only_once_it_settled_and_onto_capacity_it_can_get() -> None:
+    """Not within the scale-down's wait after its last change, nor when that change is unknown (a
+    restart), nor while the cheaper flavor is backed off in every zone."""
+    settings = PlannerSettings(downscale_delay_s=600.0)
+    run = {("mistral-7b", "h100", "on-demand"): 4}
+    assert _steady_on_h100(500.0, settings, last_change=0.0).target() == run
+    assert _steady_on_h100(0.0, settings, last_change=None).target() == run
+    zones = load_catalog().flavors["l40s"].zones
+    backed_off = {("l40s", z, "on-demand"): 1e9 for z in zones}
+    assert _steady_on_h100(0.0, settings, unavailable=backed_off).target() == run
+    assert _steady_on_h100(2000.0, settings, last_change=0.0).replicas("mistral-7b", "h100") == 0
+
+
+def test_a_steady_fleet_is_checked_for_a_move_once_every_downscale_delay() -> None:
+    """From its last change: at 1,000 models, checking each steady model every period cost 15-20 ms a step."""
+    settings = PlannerSettings(downscale_delay_s=600.0)
+    run = {("mistral-7b", "h100", "on-demand"): 4}
+    assert _steady_on_h100(2000.0, settings, last_change=0.0, last_plan=1995.0).target() == run
+    assert _steady_on_h100(2400.0, settings, last_change=0.0, last_plan=2395.0).replicas("mistral-7b", "h100") == 0
+    _, mem = plan(load_catalog().subset(["mistral-7b"], ["l40s"]), {}, {}, now=42.0)
+    assert mem.at_s == 42.0
