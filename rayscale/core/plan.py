@@ -415,7 +415,7 @@ def _keep_or_move(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap:
 
 
 def _cheaper_cover(b: _Build, name: str, d: Demand, cur: dict[Key, int], cur_cap: float) -> str | None:
-    """Why a steady model's fleet may move: on-demand replicas of one flavor it can add (and its limits leave
+    """Why a kept model's fleet may move: on-demand replicas of one flavor it can add (and its limits leave
     room for) cover what runs for ``scale_down_move_saving`` less than it costs; None where they do not, or
     the fleet changed within the dwell a scale-down waits (_need_dwell) or the downscale delay, or when is
     not known (after a restart, until the next change), or it was checked within the last downscale delay.
