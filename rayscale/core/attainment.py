@@ -235,7 +235,9 @@ def at_load(rows: Rows, batch: F64) -> Load:
         decay = (rho / np.maximum(wait_mean, 1e-300))[:, col]
         waits = np.where(slack <= 0, 0.0, np.exp(-decay * np.maximum(slack, 0.0)))
         late = late_share(rows, budget, 1.0 / rows.prefill_tokens_per_s + c)
-        ttft_miss = late + rho**ROUTER_CHOICES * _mean(waits)
+        # Two estimates of overlapping sets (the prompts too long to prefill in time, read off the mix's
+        # quantile function; the waits, over the length nodes): their sum can pass 1 near saturation.
+        ttft_miss = np.minimum(late + rho**ROUTER_CHOICES * _mean(waits), 1.0)
         # TPOT: prompts prefilled during this request's decode, at the rate the router sends to a busy replica.
         # Their count over the request's gaps is Poisson(lam); the stall given at least one is log-normal
         # with the compound sum's mean m1 = lam*E/some and E[S^2]/m1^2 = some*(1 + cv/lam). The budget is

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rayscale.config import load_catalog
@@ -70,10 +70,13 @@ def _sampled_tpot_miss(prof, batch: float, at, seed: int) -> float:  # type: ign
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(sorted(CAT.models["mistral-7b"].parallelism)), st.floats(0.01, 100), st.floats(1.05, 3))
+# Near saturation the late prompts and the waits overlap: summed, the TTFT miss share read 1.00036 here.
+@example("l4", 25.890625, 2.0)
 def test_misses_grow_with_load(flavor: str, batch: float, more: float) -> None:
     rows = rows_of([CAT.profile("mistral-7b", flavor)], [SLO_], [CODE], [Correction()])
     lo, hi = at_load(rows, np.array([batch])), at_load(rows, np.array([batch * more]))
     assert hi.rps[0] > lo.rps[0]
+    assert 0.0 <= lo.ttft_miss[0] <= 1.0 and 0.0 <= lo.tpot_miss[0] <= 1.0
     assert hi.ttft_miss[0] >= lo.ttft_miss[0] - 1e-12 and hi.tpot_miss[0] >= lo.tpot_miss[0] - 1e-12
 
 
