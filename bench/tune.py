@@ -75,6 +75,9 @@ def _forecast_variants(s: Settings) -> dict[str, Settings]:
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),
         "trend starts flat": replace(s, trend_start="flat"),
+        # The trend fitted on each minute's rate as the lowest of it and the two before it: a burst of a minute
+        # or two is the burst floor's and the peak hold's, not a trend (rayscale.core.forecast.without_spikes).
+        "trend ignores 1-2 minute spikes": replace(s, spike_windows=3),
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
         "peak hold 60 min": replace(s, peak_hold_s=3600.0),
         "peak hold 20 min": replace(s, peak_hold_s=1200.0),

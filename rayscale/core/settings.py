@@ -62,6 +62,10 @@ class Settings:
     # Where the trend of the trend forecasters starts: "difference" of the first two windows (Holt's
     # textbook start), or "flat", earned window by window (rayscale.core.forecast.TrendSeasonal).
     trend_start: str = "difference"
+    # The trend forecasters fit their level and trend on each history window's rate as the lowest of it and
+    # the spike_windows - 1 before it (rayscale.core.forecast.without_spikes; 1: as read): a burst shorter
+    # than that is the burst floor's and the peak hold's, not a trend to extrapolate a horizon ahead.
+    spike_windows: int = 1
     # Arrivals per period are kept this long for the burst floor (rayscale.core.burst).
     burst_history_s: float = 3600.0
     # A scale-down keeps capacity for the rate that the least-squares line through the last this-long of
@@ -91,6 +95,8 @@ class Settings:
             raise ValueError(f"Settings.forecaster must be one of {sorted(FORECASTERS)}, got {self.forecaster!r}")
         if self.trend_start not in TREND_STARTS:
             raise ValueError(f"Settings.trend_start must be one of {list(TREND_STARTS)}, got {self.trend_start!r}")
+        if self.spike_windows < 1:
+            raise ValueError(f"Settings.spike_windows must be >= 1, got {self.spike_windows}")
         if self.history_len < 1:
             raise ValueError(f"Settings.history_len must be >= 1, got {self.history_len}")
         if self.forecast_horizon_s is not None and not self.forecast_horizon_s >= 0:

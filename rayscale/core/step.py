@@ -354,7 +354,8 @@ def _forecaster(cfg: Settings, horizon_s: float) -> Forecaster:
     fc = FORECASTERS[cfg.forecaster]
     window_s = cfg.history_window_s
     if is_dataclass(fc) and not isinstance(fc, type) and hasattr(fc, "horizon"):
-        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat")
+        fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat",
+                     spike_windows=cfg.spike_windows)
     if isinstance(fc, Seasonal) and fc.peak_window > 0:
         fc = replace(fc, peak_window=_peak_windows(cfg))
     return fc

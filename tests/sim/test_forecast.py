@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from rayscale.config import load_catalog
-from rayscale.core.forecast import FORECASTERS, Seasonal, TrendSeasonal, detect_season, line_ahead
+from rayscale.core.forecast import (
+    FORECASTERS,
+    Seasonal,
+    TrendSeasonal,
+    detect_season,
+    line_ahead,
+    without_spikes,
+)
 from rayscale.core.settings import Settings
 from rayscale.core.step import forecaster_for
 from rayscale.sim.policies import RayscalePolicy
@@ -69,6 +76,25 @@ def test_a_spike_in_the_open_window_is_a_floor_not_a_trend():
     assert Seasonal(horizon=10, peak_window=60)(h, 54.0) == 54.0
     # A ramp in the completed windows is still extrapolated.
     assert TrendSeasonal(horizon=10)([2.0, 4.0, 6.0, 8.0, 10.0], 11.0) > 20.0
+
+
+def test_read_without_spikes_a_minute_burst_is_no_trend_and_a_ramp_still_is():
+    # 1 req/s, and one window lifted by a 60-s burst: read as it came, Holt's trend carries the step a
+    # horizon ahead; read without spikes (the lowest of each window and the two before), it is gone.
+    h = [1.0] * 20 + [4.75, 1.0]
+    assert TrendSeasonal(horizon=15)(h, 1.0) > 4.0
+    assert TrendSeasonal(horizon=15, spike_windows=3)(h, 1.0) == pytest.approx(1.0)
+    assert Seasonal(horizon=15, spike_windows=3, peak_window=30)(h, 1.0) == 4.75  # the peak hold still holds it
+    # A ramp that lasts is still extrapolated, two windows late.
+    ramp = [2.0 + 0.4 * i for i in range(20)]
+    assert TrendSeasonal(horizon=15, spike_windows=3)(ramp[:-1], ramp[-1]) > ramp[-1] + 4.0
+    assert without_spikes([1.0, 5.0, 1.0, 2.0, 3.0], 3) == [1.0, 1.0, 1.0, 1.0, 1.0]
+    assert without_spikes([1.0, 5.0, 1.0], 1) == [1.0, 5.0, 1.0]
+    cat = load_catalog().subset(["mistral-7b"])
+    assert forecaster_for(cat, Settings(spike_windows=3)).spike_windows == 3  # type: ignore[attr-defined]
+    assert forecaster_for(cat, Settings()).spike_windows == 1  # type: ignore[attr-defined]  # shipped: as read
+    with pytest.raises(ValueError, match=r"Settings\.spike_windows must be >= 1"):
+        Settings(spike_windows=0)
 
 
 def test_peak_hold_never_below_recent_peak():
