@@ -121,6 +121,8 @@ def _feedback_variants(s: Settings) -> dict[str, Settings]:
         "rise needs arrivals + window cap 5x + tighten 1.0/h + max 1.25": replace(s, feedback=replace(
             fb, rise_needs_arrivals=True, window_miss_cap=5.0, tighten_per_h=1.0, max_factor=1.25)),
         "rise needs arrivals": replace(s, feedback=replace(fb, rise_needs_arrivals=True)),
+        # The factor not applied at all on a rise, the level held included (bench/results/tune_rise_trim.md).
+        "rise untrimmed": replace(s, feedback=replace(fb, rise_trims_held=False)),
         "rise needs arrivals + window cap 2x": replace(s, feedback=replace(fb, rise_needs_arrivals=True,
                                                                           window_miss_cap=2.0)),
         "rise needs arrivals + window cap 2x + floor trim 0.9": replace(s, feedback=replace(

@@ -216,8 +216,9 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
                    signals: Mapping[str, ModelSignals]) -> dict[str, Demand]:
     """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback); its burst floor
     too when the factor is above 1, or below it (to ``burst_floor_min_factor`` at most) with
-    ``relax_burst_floor`` and a record as old as the floor's arrivals. Below 1, never below the arrivals of the last ``floor_window_s`` (``_sustained_rate``), and not
-    at all while the demand rises above the peak hold's level (``_rising``)."""
+    ``relax_burst_floor`` and a record as old as the floor's arrivals. Below 1, never below the arrivals of
+    the last ``floor_window_s`` (``_sustained_rate``), and while the demand rises above the peak hold's level
+    (``_rising``) only on that level (``rise_trims_held``; else not at all), its burst floor untrimmed."""
     out = dict(demands)
     for name, d in demands.items():
         rec = record.get(name)
@@ -227,12 +228,15 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             continue
         factor = rec.factor
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
-        if factor < 1.0 and (level := _rising(d, signals.get(name), cfg)) is not None:
-            out[name] = replace(d, reason=f"{why}, not applied: rising above the {level:.2f} req/s held")
-            continue
         covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
         burst = max(factor, cfg.feedback.burst_floor_min_factor) if factor > 1.0 or covers else 1.0
         rps = d.rps * factor
+        if factor < 1.0 and (level := _rising(d, signals.get(name), cfg)) is not None:
+            if not cfg.feedback.rise_trims_held:
+                out[name] = replace(d, reason=f"{why}, not applied: rising above the {level:.2f} req/s held")
+                continue
+            rps, burst = d.rps - level * (1.0 - factor), 1.0
+            why += f" on the {level:.2f} req/s held (rising above it)"
         arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s,
                                    cfg.window_s)
         floor = None if arriving is None else arriving * cfg.feedback.floor_share

@@ -135,7 +135,8 @@ def test_a_relaxed_factor_is_not_applied_while_demand_rises_above_the_level_held
     or a backlog, more than rise_above over every rate of the peak hold) the forecast's lead is what covers
     a replica's start-up, and the factor would cancel it. A fall under a held peak is relaxed as before."""
     d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
-    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_above=rise_above, rise_needs_arrivals=False))
+    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_above=rise_above, rise_needs_arrivals=False,
+                                    rise_trims_held=False))
     sig = replace(_sig(300.0, 1.0, rate=history[-1]), rate_history=history)
     got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0,
                          {"mistral-7b": sig})["mistral-7b"]
@@ -145,15 +146,36 @@ def test_a_relaxed_factor_is_not_applied_while_demand_rises_above_the_level_held
     assert tightened["mistral-7b"].rps == pytest.approx(11.0)  # a tightened factor applies on a rise too
 
 
-def test_the_step_does_not_relax_a_rising_forecast() -> None:
-    """Under the shipped settings: the trend of a rising history sizes the fleet as if the factor were 1."""
-    sig = _sig(300.0, 1.0, rate=20.0)
+@pytest.mark.parametrize(("history", "now", "want"), [
+    ((6.0, 7.0, 8.0), 8.0, 8.4), ((6.0, 7.0, 8.0), 8.2, 8.36), ((6.0, 9.0, 8.0), 8.0, 8.0)])
+def test_on_a_rise_a_relaxed_factor_trims_the_level_held_only(
+    history: tuple[float, ...], now: float, want: float
+) -> None:
+    """The misses a relaxed factor spends were saved at the level the fleet served: on a rise it trims that
+    level (10 - 8 x 0.2 = 8.4; with 8.2 req/s arriving now, 10 - 8.2 x 0.2) and the forecast's lead over it
+    stays whole; no rise (10 is within 20% of the 9 held): the whole demand (10 x 0.8)."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX, burst_rps=6.0)
+    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_trims_held=True))
+    sig = replace(_sig(300.0, 1.0, rate=now), rate_history=history)
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0,
+                         {"mistral-7b": sig})["mistral-7b"]
+    assert got.rps == pytest.approx(want)
+    rising = want != 8.0
+    assert ("rising above it" in got.reason) == rising
+    assert got.burst_rps == pytest.approx(6.0 if rising else 6.0 * FB.burst_floor_min_factor)
+
+
+def test_the_step_keeps_a_rising_forecasts_lead_whole() -> None:
+    """Under the shipped settings: on the trend of a rising history the relaxed factor takes 20% of the
+    19 req/s held off the demand and no more; the forecast's lead over that level is what it sizes for."""
+    assert Settings().feedback.rise_trims_held
+    sig = _sig(300.0, 1.0, rate=19.0)
     history = {"mistral-7b": tuple(8.0 + i for i in range(12))}
     plain = step(_ctx(0.0, (), StepState(rate_history=history), sig))
     relaxed = step(_ctx(0.0, (), StepState(rate_history=history, delivered={"mistral-7b": _record(1.0, 0.8)}), sig))
-    assert plain.demands["mistral-7b"].rps > 1.2 * 20.0
-    assert relaxed.demands["mistral-7b"].rps == pytest.approx(plain.demands["mistral-7b"].rps)
-    assert sum(e.replicas for e in relaxed.plan.entries) == sum(e.replicas for e in plain.plan.entries)
+    assert plain.demands["mistral-7b"].rps > 1.2 * 19.0
+    assert relaxed.demands["mistral-7b"].rps == pytest.approx(plain.demands["mistral-7b"].rps - 0.2 * 19.0)
+    assert sum(e.replicas for e in relaxed.plan.entries) <= sum(e.replicas for e in plain.plan.entries)
 
 
 def test_the_floor_is_the_mean_of_the_rate_history_over_its_window() -> None:
@@ -267,7 +289,7 @@ def test_with_rise_needs_arrivals_a_spikes_trend_is_no_rise(now: float, want: fl
     the relaxed factor applies (want 8 = 10 x 0.8). Arrivals within rise_above of the level held are a rise,
     and the factor waits (want 10)."""
     d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
-    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_needs_arrivals=True))
+    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_needs_arrivals=True, rise_trims_held=False))
     sig = replace(_sig(300.0, 1.0, rate=now), rate_history=(2.0, 8.0, 3.0))
     got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0,
                          {"mistral-7b": sig})["mistral-7b"]
