@@ -236,7 +236,7 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
                 out[name] = replace(d, reason=f"{why}, not applied: rising above the {level:.2f} req/s held")
                 continue
             rps, burst = d.rps - level * (1.0 - factor), 1.0
-            why += f" on the {level:.2f} req/s held (rising above it)"
+            why += f", on the {level:.2f} req/s held only: rising above it"
         arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s,
                                    cfg.window_s)
         floor = None if arriving is None else arriving * cfg.feedback.floor_share
