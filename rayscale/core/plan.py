@@ -356,7 +356,7 @@ def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> N
     # Replicas that serve best effort what limits left unmet count what they serve (Demand.fallback), or
     # every period would read the model as short and they could never be scaled down with the demand.
     have_caps = {**caps, **d.fallback} if d else caps
-    need = d.rps if d is not None else 0.0
+    need = _risk_need(d, cur, have_caps)
     cur_cap = sum(n * (have_caps[f].rps * _counted(b, name, f, ct, have_caps[f].rps, need)[0] if f in have_caps else 0.0)
                   for (_, f, ct), n in cur.items())
     cur_n = sum(cur.values())
@@ -364,7 +364,8 @@ def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> N
     if d is not None and d.best_effort:
         b.why[name] += "; best effort: no flavor meets the SLO for this mix"
     first = len(b.offers)
-    slots = _add_offers(b, name, mode, caps, cur, rps)
+    held = d is None or d.state != DemandState.OK
+    slots = _add_offers(b, name, mode, caps, cur, rps, need, held)
     if mode == Mode.UP and b.settings.whole_best_replicas and d is not None and d.state == DemandState.OK:
         rps = _order_whole_best(b, name, d, rps, cur, cur_cap, cur_n, b.offers[first:], slots)
     b.needs.append(ModelNeed(name, rps, spec.min_replicas, spec.max_replicas, spec.priority))
@@ -550,9 +551,21 @@ def _need_dwell(b: _Build, name: str, cur: dict[Key, int]) -> float:
                                     for (_, f, _) in cur if f in b.catalog.flavors and f in spec.parallelism])
 
 
+def _risk_need(d: Demand | None, cur: dict[Key, int], caps: dict[str, ReplicaCapacity]) -> float:
+    """The req/s a spot gang's risk is a share of (_spot_outage_risk), one figure for what runs and what is
+    offered: the demand, not the need a stability rule asks for (a scale-down's headroom and rise are no
+    requests). Where signals are held the demand is unknown, and missing metrics never mean zero load: the
+    fleet's own capacity stands in."""
+    if d is not None and d.state == DemandState.OK:
+        return d.rps
+    return sum(n * caps[f].rps for (_, f, _), n in cur.items() if f in caps)
+
+
 def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacity],
-                cur: dict[Key, int], need_rps: float) -> dict[str, int]:
-    """The model's offerings, bounded by ``mode``; the replicas a gang holds per flavor it got."""
+                cur: dict[Key, int], need_rps: float, risk_need: float, held: bool) -> dict[str, int]:
+    """The model's offerings, bounded by ``mode`` (``need_rps``: what the mode asks for); the replicas a gang
+    holds per flavor it got. Spot gangs are counted against ``risk_need`` (_risk_need), and none is dropped
+    while the model's signals are ``held``."""
     spec = b.catalog.models[name]
     slots: dict[str, int] = {}
     # A kept model offers only what it runs: most models in a large steady fleet, so skip the others early.
@@ -575,7 +588,7 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
         interrupted = _interrupted(b, fname)
         for ct, ctv, price in prices:
             # _counted's common case (no interruption seen on the flavor) without the call.
-            worth, risk = _counted(b, name, fname, ctv, cap, need_rps) if interrupted else (1.0, 0.0)
+            worth, risk = _counted(b, name, fname, ctv, cap, risk_need) if interrupted else (1.0, 0.0)
             if 0 < worth < 0.995:
                 b.why[name] = (f"{b.why.get(name, '')}; spot {fname} counted at {worth:.0%} "
                                f"({b.spot_rates[fname]:.2f} interruptions per node-hour)")
@@ -590,8 +603,10 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
                 ub = min(ub, have, b.world.get((name, fname, ctv), 0))
                 # Dropped once the rest of the ready fleet covers the need: its replicas move onto it
                 # (act._drains), and nothing new is ordered for them (SPOT_DROP_OVER_BUDGET says when).
-                drop = risk > SPOT_DROP_OVER_BUDGET * b.settings.spot_outage_budget and mode != Mode.UP
-                lb = 0 if drop and _ready_covers(b, name, caps, need_rps) else min(lb, ub)
+                # Not on held signals: the need is then unknown, and no data never scales down.
+                over = risk > SPOT_DROP_OVER_BUDGET * b.settings.spot_outage_budget
+                drop = over and mode != Mode.UP and not held
+                lb = 0 if drop and _ready_covers(b, name, caps, need_rps, risk_need) else min(lb, ub)
             if ub <= 0 and have == 0:
                 continue
             b.offers.append(_Offer(name, fname, ct, price, cap * worth, devices, shape.nodes, lb, ub, unit,
@@ -599,12 +614,13 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
     return slots
 
 
-def _ready_covers(b: _Build, model: str, caps: dict[str, ReplicaCapacity], need_rps: float) -> bool:
-    """The model's replicas serving on ready gangs, each at what it counts for (_counted), cover the need;
-    False where the provider cannot move replicas (``_Build.serving`` None)."""
+def _ready_covers(b: _Build, model: str, caps: dict[str, ReplicaCapacity], need_rps: float,
+                  risk_need: float) -> bool:
+    """The model's replicas serving on ready gangs, each at what it counts for (_counted against
+    ``risk_need``), cover the need; False where the provider cannot move replicas (``_Build.serving`` None)."""
     if b.serving is None:
         return False
-    have = sum(n * caps[f].rps * _counted(b, model, f, ct, caps[f].rps, need_rps)[0]
+    have = sum(n * caps[f].rps * _counted(b, model, f, ct, caps[f].rps, risk_need)[0]
                for (m, f, ct), n in b.serving.items() if m == model and f in caps)
     return have >= need_rps
 

@@ -13,7 +13,7 @@ from rayscale.config import load_catalog
 from rayscale.core.act import Gang, GangPhase
 from rayscale.core.estimate import estimate
 from rayscale.core.forecast import last_value
-from rayscale.core.plan import SolverChoice, plan
+from rayscale.core.plan import PlannerMemory, SolverChoice, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.spot import SpotRecord, SpotSettings, availability, observe, rates
@@ -220,3 +220,45 @@ def test_simulate_takes_the_spot_interruption_rate_and_the_plan_learns_it(capsys
         return r["cost_usd"] / r["accelerator_hours"]
 
     assert per_hour(stormy) > 1.1 * per_hour(calm)
+
+
+def test_a_scale_down_weighs_a_spot_gangs_risk_against_the_demand_not_the_headroom_it_keeps() -> None:
+    """The risk of one interrupted gang is a share of the model's requests: the demand (30 req/s), the same
+    figure the running capacity is counted against. The scale-down keeps 10% headroom over it (33 req/s);
+    weighed against that, a gang over the budget would count at its availability in the offers while the
+    running capacity counted it for nothing, and the plan would keep spot the budget rules out."""
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    od, spot = ("mistral-7b", "l40s", "on-demand"), ("mistral-7b", "l40s", "spot")
+    running = {od: 8, spot: 2}
+    memory = PlannerMemory({}, {"mistral-7b": 0.0}, {}, 0.0)  # over-provisioned since t=0: past the delay
+
+    def after(rate: float) -> tuple[int, str]:
+        p, _ = plan(cat, _demand(cat, 30.0), running, now=5000.0, memory=memory, settings=Settings().planner,
+                    spot_rates={"l40s": rate}, serving=running)
+        assert p.entries[0].reason.startswith("scale down: need 30.00 req/s")
+        return sum(e.replicas for e in p.entries if e.capacity_type == "spot"), p.entries[0].reason
+
+    # 0.13 per node-hour: one gang (7.2 req/s) of 30 over a replacement's lead is over the 0.5% budget, of 33
+    # it would be under.
+    kept, why = after(0.13)
+    assert kept == 0 and "the running ones count for nothing" in why
+    assert "spot l40s counted at" not in why
+    kept, why = after(0.11)  # under the budget either way: spot is cheaper and stays
+    assert kept == 2 and "spot l40s counted at 98%" in why
+
+
+def test_held_signals_drop_no_spot_gang_even_one_over_the_budget() -> None:
+    """Stale signals hold what runs: a spot gang over the outage budget counts for nothing (no new spot), but
+    is not dropped for the on-demand rest, since the need it would be dropped against is unknown."""
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    od, spot = ("mistral-7b", "l40s", "on-demand"), ("mistral-7b", "l40s", "spot")
+    running = {od: 2, spot: 1}
+    stale = ModelSignals("mistral-7b", Freshness.STALE, 0.0, 12.0, MIX, waiting=0.0)
+    demands = estimate(cat, {"mistral-7b": stale}, {}, last_value, Settings().estimate)
+    p, _ = plan(cat, demands, running, settings=Settings().planner, spot_rates={"l40s": 0.44}, serving=running)
+    assert p.entries[0].reason.startswith("signals stale")
+    assert "the running ones count for nothing" in p.entries[0].reason
+    assert {e.capacity_type: e.replicas for e in p.entries} == {"on-demand": 2, "spot": 1}
+    fresh, _ = plan(cat, _demand(cat, 12.0), running, settings=Settings().planner, spot_rates={"l40s": 0.44},
+                    serving=running)
+    assert {e.capacity_type: e.replicas for e in fresh.entries}["spot"] == 0  # with a known need it goes
