@@ -603,7 +603,7 @@ def _add_offers(b: _Build, name: str, mode: Mode, caps: dict[str, ReplicaCapacit
                 ub = min(ub, have, b.world.get((name, fname, ctv), 0))
                 # Dropped once the rest of the ready fleet covers the need: its replicas move onto it
                 # (act._drains), and nothing new is ordered for them (SPOT_DROP_OVER_BUDGET says when).
-                # Not on held signals: the need is then unknown, and no data never scales down.
+                # Not on held signals: the need is then unknown, and no data is no reason to scale down.
                 over = risk > SPOT_DROP_OVER_BUDGET * b.settings.spot_outage_budget
                 drop = over and mode != Mode.UP and not held
                 lb = 0 if drop and _ready_covers(b, name, caps, need_rps, risk_need) else min(lb, ub)
