@@ -152,6 +152,10 @@ def _planner_variants(s: Settings) -> dict[str, Settings]:
         "scale-up tolerance 0.03": replace(s, planner=replace(pl, scale_up_tolerance=0.03)),
         "scale-up tolerance 0.05": replace(s, planner=replace(pl, scale_up_tolerance=0.05)),
         "scale-up tolerance 0.1": replace(s, planner=replace(pl, scale_up_tolerance=0.1)),
+        # Where SLO feedback found slack on a level (PlannerSettings.slack_scale_up_tolerance; shipped 0.1).
+        "no scale-up tolerance for slack": replace(s, planner=replace(pl, slack_scale_up_tolerance=0.0)),
+        "scale-up tolerance 0.05 for slack": replace(s, planner=replace(pl, slack_scale_up_tolerance=0.05)),
+        "scale-up tolerance 0.15 for slack": replace(s, planner=replace(pl, slack_scale_up_tolerance=0.15)),
         # A scale-down that starts replicas elsewhere (a finer or cheaper flavor) must save this much over
         # dropping running ones alone (shipped 0.15, bench/results/scale_down_moves.md): the dev chat hour
         # kept 3 L40S where 2 L40S and inf2 would have saved 6%.

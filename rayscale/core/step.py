@@ -218,7 +218,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
     too when the factor is above 1, or below it (to ``burst_floor_min_factor`` at most) with
     ``relax_burst_floor`` and a record as old as the floor's arrivals. Below 1, never below the arrivals of
     the last ``floor_window_s`` (``_sustained_rate``), and while the demand rises above the peak hold's level
-    (``_rising``) only on that level (``rise_trims_held``; else not at all), its burst floor untrimmed."""
+    (``_rising``) only on that level (``rise_trims_held``; else not at all), its burst floor untrimmed.
+    Trimmed on a level, the demand says so (``Demand.slo_slack``)."""
     out = dict(demands)
     for name, d in demands.items():
         rec = record.get(name)
@@ -231,7 +232,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
         covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
         burst = max(factor, cfg.feedback.burst_floor_min_factor) if factor > 1.0 or covers else 1.0
         rps = d.rps * factor
-        if factor < 1.0 and (level := _rising(d, signals.get(name), cfg)) is not None:
+        level = _rising(d, signals.get(name), cfg) if factor < 1.0 else None
+        if level is not None:
             if not cfg.feedback.rise_trims_held:
                 out[name] = replace(d, reason=f"{why}, not applied: rising above the {level:.2f} req/s held")
                 continue
@@ -244,7 +246,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             rps = min(d.rps, floor)
             share = "" if cfg.feedback.floor_share == 1.0 else f"{cfg.feedback.floor_share:.0%} of "
             why += f", not below {share}the {arriving:.2f} req/s arriving"
-        out[name] = replace(d, rps=rps, burst_rps=d.burst_rps * burst, reason=why)
+        out[name] = replace(d, rps=rps, burst_rps=d.burst_rps * burst, reason=why,
+                            slo_slack=factor < 1.0 and level is None)
     return out
 
 

@@ -142,8 +142,10 @@ def test_a_relaxed_factor_is_not_applied_while_demand_rises_above_the_level_held
                          {"mistral-7b": sig})["mistral-7b"]
     assert got.rps == pytest.approx(want)
     assert ("not applied: rising above" in got.reason) == (want == 10.0)
+    assert got.slo_slack == (want != 10.0)  # slack is claimed on a level only
     tightened = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.95, 1.1)}, cfg, 0.0, {"mistral-7b": sig})
     assert tightened["mistral-7b"].rps == pytest.approx(11.0)  # a tightened factor applies on a rise too
+    assert not tightened["mistral-7b"].slo_slack
 
 
 @pytest.mark.parametrize(("history", "now", "want"), [
@@ -162,6 +164,7 @@ def test_on_a_rise_a_relaxed_factor_trims_the_level_held_only(
     assert got.rps == pytest.approx(want)
     rising = want != 8.0
     assert ("rising above it" in got.reason) == rising
+    assert got.slo_slack == (not rising)
     assert got.burst_rps == pytest.approx(6.0 if rising else 6.0 * FB.burst_floor_min_factor)
 
 

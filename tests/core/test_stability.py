@@ -50,6 +50,26 @@ def test_a_demand_within_the_scale_up_tolerance_keeps_the_fleet(over: float, tol
         assert not p.shortfalls and "scale-up tolerance" in p.entries[0].reason
 
 
+@pytest.mark.parametrize(("over", "slack", "line", "up"), [
+    (0.05, False, 0.0, True), (0.05, True, 0.0, False), (0.05, True, 1.08, False), (0.05, True, 1.2, True),
+    (0.15, True, 0.0, True)])
+def test_a_fleet_with_slo_slack_scales_up_only_past_its_own_tolerance(over: float, slack: bool, line: float,
+                                                                      up: bool) -> None:
+    """A fleet whose SLO feedback trims its demand on a level (Demand.slo_slack: it delivered the SLO with
+    slack) buys no replica for a crossing within slack_scale_up_tolerance; without that record, past the
+    tolerance, or where the arrivals' recent line (Demand.rise_rps, ``line`` x what runs) outgrows the
+    tolerance within a horizon, it scales up at once."""
+    cur = {("mistral-7b", "a10g", "on-demand"): 3}
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 1.0, MIX)
+    d = estimate(CAT, {"mistral-7b": sig})["mistral-7b"]
+    have = 3 * d.capacity["a10g"].rps
+    d = replace(d, rps=have * (1 + over), slo_slack=slack, rise_rps=have * line)
+    settings = replace(SET, slack_scale_up_tolerance=0.1)
+    p, _ = plan(CAT, {"mistral-7b": d}, cur, now=0.0, memory=PlannerMemory(), settings=settings)
+    assert (p.replicas("mistral-7b") > 3) == up
+    assert ("10% scale-up tolerance" in p.entries[0].reason) == (not up)
+
+
 def test_band_holds_then_downscale_waits_for_delay_and_dwell() -> None:
     _, cur, mem = _step(10.0, {}, 0.0, PlannerMemory())
     n = sum(cur.values())
