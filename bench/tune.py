@@ -123,6 +123,7 @@ def _feedback_variants(s: Settings) -> dict[str, Settings]:
         "rise needs arrivals": replace(s, feedback=replace(fb, rise_needs_arrivals=True)),
         # The factor not applied at all on a rise, the level held included (bench/results/tune_rise_trim.md).
         "rise untrimmed": replace(s, feedback=replace(fb, rise_trims_held=False)),
+        "scale-down on a rise for the trimmed demand": replace(s, feedback=replace(fb, rise_keeps_untrimmed=False)),
         # The gate at the level held itself: the factor trims the demand up to that level, the rest whole (a
         # demand continuous in the forecast, where a gate at 20% over the level jumps).
         "trim up to the level held": replace(s, feedback=replace(fb, rise_above=0.0)),

@@ -375,7 +375,8 @@ class Demand:
     # the bursts are the level moving, well above it they come and go within the minute.
     burst_sharpness: float = 0.0
     # Req/s a scale-down keeps capacity for: where the arrival rate's recent line reaches one start-up
-    # ahead (Settings.rise_window_s; 0: none). Not demand: nothing is ordered for it.
+    # ahead (Settings.rise_window_s; 0: none), or on a rise the demand before SLO feedback trimmed it
+    # (FeedbackSettings.rise_keeps_untrimmed). Not demand: nothing is ordered for it.
     rise_rps: float = 0.0
     # SLO feedback trims this demand on a level (its factor below 1, no rise): the fleet has delivered the
     # SLO with slack, and the planner may scale up only past PlannerSettings.slack_scale_up_tolerance.

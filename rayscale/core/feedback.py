@@ -102,6 +102,12 @@ class FeedbackSettings:
     # Azure code x3 and both burst traces unchanged, from cold within 0.1 pt; the long-prompt day met 99.57%
     # (98.88% on one seed of three; 99.89% untrimmed) at 5.6% less (bench/results/tune_rise_trim.md).
     rise_trims_held: bool = True
+    # ... and a scale-down on such a rise still keeps capacity for the demand untrimmed (Demand.rise_rps;
+    # false: for the trimmed demand). The trim spends slack the fleet earned at the level held; a scale-down
+    # spends it a second time, on a fleet the record has not tried, while the load climbs. On a generated
+    # 72B day from cold (bench.eval_split --split models) a trimmed rise swapped an A100 for a lone L40S at
+    # 2 req/s: 97.08% on one seed, where the demand untrimmed kept both A100s until the L40S stood.
+    rise_keeps_untrimmed: bool = True
     # A window counts at most this many times the allowed misses (1 - goal; None: as delivered). The record
     # is a ratio of smoothed rates, so one window of a cold start's queue (a third of a burst's requests met)
     # holds it below the goal for two hours of windows that met every request, and the factor at its maximum:

@@ -218,7 +218,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
     too when the factor is above 1, or below it (to ``burst_floor_min_factor`` at most) with
     ``relax_burst_floor`` and a record as old as the floor's arrivals. Below 1, never below the arrivals of
     the last ``floor_window_s`` (``_sustained_rate``), and while the demand rises above the peak hold's level
-    (``_rising``) only on that level (``rise_trims_held``; else not at all), its burst floor untrimmed.
+    (``_rising``) only on that level (``rise_trims_held``; else not at all), its burst floor untrimmed, and
+    a scale-down keeps capacity for the demand untrimmed (``rise_keeps_untrimmed``, as ``Demand.rise_rps``).
     Trimmed on a level, the demand says so (``Demand.slo_slack``)."""
     out = dict(demands)
     for name, d in demands.items():
@@ -239,6 +240,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
                 continue
             rps, burst = d.rps - level * (1.0 - factor), 1.0
             why += f", on the {level:.2f} req/s held only: rising above it"
+            if cfg.feedback.rise_keeps_untrimmed:
+                d = replace(d, rise_rps=max(d.rise_rps, d.rps))
         arriving = _sustained_rate(signals.get(name), cfg.feedback.floor_window_s, cfg.history_window_s,
                                    cfg.window_s)
         floor = None if arriving is None else arriving * cfg.feedback.floor_share
@@ -254,7 +257,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
 def _with_rise(demands: Mapping[str, Demand], signals: Mapping[str, ModelSignals], cfg: Settings,
                horizon_s: float) -> dict[str, Demand]:
     """Each sized demand with the rate its recent line reaches one forecast horizon ahead (Demand.rise_rps),
-    where that is above the demand: what a scale-down keeps capacity for (Settings.rise_window_s)."""
+    where that is above the demand and what a scale-down keeps already: what a scale-down keeps capacity for
+    (Settings.rise_window_s)."""
     out = dict(demands)
     n = round(cfg.rise_window_s / cfg.history_window_s)
     if n < 3:
@@ -264,7 +268,7 @@ def _with_rise(demands: Mapping[str, Demand], signals: Mapping[str, ModelSignals
         if d.state != DemandState.OK or sig is None or len(sig.rate_history) < n:
             continue
         rise = line_ahead(sig.rate_history[-n:], horizon_s / cfg.history_window_s)
-        if rise > d.rps:
+        if rise > max(d.rps, d.rise_rps):
             out[name] = replace(d, rise_rps=rise)
     return out
 

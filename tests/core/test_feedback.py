@@ -12,7 +12,7 @@ from rayscale.core.estimate import Demand, DemandState
 from rayscale.core.feedback import Delivered, FeedbackSettings, delivered, next_factor
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
-from rayscale.core.step import ServeView, StepContext, StepState, _with_feedback, step
+from rayscale.core.step import ServeView, StepContext, StepState, _with_feedback, _with_rise, step
 
 FB = FeedbackSettings()
 GOAL = 0.99
@@ -166,6 +166,29 @@ def test_on_a_rise_a_relaxed_factor_trims_the_level_held_only(
     assert ("rising above it" in got.reason) == rising
     assert got.slo_slack == (not rising)
     assert got.burst_rps == pytest.approx(6.0 if rising else 6.0 * FB.burst_floor_min_factor)
+
+
+@pytest.mark.parametrize(("history", "keeps", "want"), [
+    ((6.0, 7.0, 8.0), True, 10.0), ((6.0, 7.0, 8.0), False, 0.0), ((6.0, 9.0, 8.0), True, 0.0)])
+def test_on_a_rise_a_scale_down_keeps_capacity_for_the_demand_untrimmed(
+    history: tuple[float, ...], keeps: bool, want: float
+) -> None:
+    """The trim spends slack earned at the level held; a scale-down on the trimmed figure would spend it
+    again on a fleet the record never tried, while the load climbs: on a rise the untrimmed 10 req/s is
+    what a scale-down keeps (Demand.rise_rps), the trimmed 8.4 what is ordered; on a level nothing is kept."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX)
+    cfg = Settings(feedback=replace(FB, floor_window_s=0.0, rise_trims_held=True, rise_keeps_untrimmed=keeps))
+    sig = replace(_sig(300.0, 1.0, rate=8.0), rate_history=history)
+    got = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, cfg, 0.0,
+                         {"mistral-7b": sig})["mistral-7b"]
+    assert got.rps == pytest.approx(8.4 if history[1] < 8.0 else 8.0)
+    assert got.rise_rps == pytest.approx(want)
+    # A recent line below what is kept does not lower it; one above raises it.
+    flat = {"mistral-7b": replace(sig, rate_history=(8.0,) * 6)}
+    cfg = replace(cfg, rise_window_s=360.0)
+    assert _with_rise({"mistral-7b": got}, flat, cfg, 600.0)["mistral-7b"].rise_rps == pytest.approx(want)
+    steep = {"mistral-7b": replace(sig, rate_history=(3.0, 4.0, 5.0, 6.0, 7.0, 8.0))}
+    assert _with_rise({"mistral-7b": got}, steep, cfg, 600.0)["mistral-7b"].rise_rps == pytest.approx(18.0)
 
 
 def test_the_step_keeps_a_rising_forecasts_lead_whole() -> None:
