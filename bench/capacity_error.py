@@ -18,12 +18,11 @@ they disagree, the planner buys the wrong flavor, and per-flavor latency correct
 from __future__ import annotations
 
 import argparse
-import platform
-import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.common import machine
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
 from rayscale.core.catalog import CapacityType
@@ -48,7 +47,7 @@ def main() -> None:
     spec = cat.models[args.model]
     engine = EngineConfig()
     out = [f"# Estimator capacity vs measured capacity at the SLO ({args.model})\n",
-           f"{platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')}; `python -m bench.capacity_error --pools "
+           f"{machine()}; `python -m bench.capacity_error --model {args.model} --pools "
            f"{args.pools}`; engine = fluid engine model (chunked prefill, {engine.max_num_batched_tokens} "
            f"tokens per iteration); SLO TTFT {spec.slo.ttft_p95_s} s, TPOT {spec.slo.tpot_p95_s} s, 99% of "
            f"requests within both.\n", __doc__.split("\n\n", 2)[2]]
