@@ -525,7 +525,8 @@ def _scale_down_or_wait(b: _Build, name: str, d: Demand, cur: dict[Key, int], cu
         if cfg.downscale_headroom:
             b.why[name] += f"; keeping {cfg.downscale_headroom:.0%} headroom"
         if d.rise_rps > d.rps:
-            b.why[name] += f"; keeping {d.rise_rps:.2f} req/s for the rate's recent rise"
+            b.why[name] += (f"; keeping {d.rise_rps:.2f} req/s for the rise (the rate's recent line, or a demand "
+                            "SLO feedback trimmed on it)")
         # The headroom and the rise are not demand: what the solver cannot cover of them is no shortfall.
         b.rounded[name] = min(cur_cap, max(d.rps, d.rise_rps) * (1 + cfg.downscale_headroom)) - d.rps
         return Mode.FREE, d.rps + b.rounded[name]

@@ -247,7 +247,7 @@ def test_a_scale_down_keeps_capacity_for_the_rise_the_rate_is_on_and_not_for_a_f
                      settings=settings)
     assert flat.replicas("mistral-7b") == 2
     assert rising.replicas("mistral-7b") == 4 and not rising.shortfalls
-    assert "for the rate's recent rise" in rising.entries[0].reason
+    assert "req/s for the rise (the rate's recent line" in rising.entries[0].reason
     # A rise beyond what runs keeps what runs, and orders nothing.
     steep, _ = plan(CAT, {"mistral-7b": replace(d, rps=2 * cap, rise_rps=9 * cap)}, up, now=0.0, memory=mem,
                     settings=settings)
