@@ -7,12 +7,15 @@ simulated engine at the same rate per replica, for one replica alone and a ~2,04
 The estimator (rayscale.core.attainment) models one replica behind Serve's power-of-two router: a prompt
 waits to prefill with probability rho^2. A flavor deployment with one replica has no second choice, so the
 table also gives the estimator's capacity with one choice (ROUTER_CHOICES patched to 1, for this table
-only). Where the alone replica misses, the TPOT and TTFT columns say which target binds.
+only). Per rate, the misses split by target as the engine scores them (TTFT: over its target or not
+finished; TPOT: in time, but over its TPOT target) beside the tail model's at the same rate per replica
+(``model``: with two router choices for the pool, one for the replica alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from unittest import mock
 
@@ -22,7 +25,7 @@ from bench.common import machine
 from bench.simulate_policies import CASES, SHORT
 from rayscale.config import load_catalog
 from rayscale.core import attainment
-from rayscale.core.estimate import replica_capacity
+from rayscale.core.estimate import Correction, replica_capacity, rows_of
 from rayscale.sim.capacity import CapacitySettings, Probe
 from rayscale.sim.engine import EngineConfig
 from rayscale.sim.policies import window_mix
@@ -30,6 +33,18 @@ from rayscale.sim.sources import load_spec
 from rayscale.tables import format_table
 
 POOLS = (1, 2048)  # concurrent sequences: one replica alone, and the capacity bench's pool
+
+
+def model_misses(rows: attainment.Rows, rps: float, choices: int) -> tuple[float, float]:
+    """(TTFT, TPOT) miss shares of the tail model at ``rps`` per replica, with ``choices`` router choices:
+    the load whose Little's-law rate is ``rps``, by bisection in log load."""
+    with mock.patch.object(attainment, "ROUTER_CHOICES", choices):
+        lo, hi = attainment.LOAD_FLOOR, 1e4
+        for _ in range(80):
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if attainment.rate_at(rows, np.array([mid]))[0][0] < rps else (lo, mid)
+        load = attainment.at_load(rows, np.array([lo]))
+    return float(load.ttft_miss[0]), float(load.tpot_miss[0])
 
 
 def main() -> None:
@@ -52,6 +67,7 @@ def main() -> None:
     rows: list[list[object]] = []
     for f in args.flavors.split(","):
         prof = cat.profile(args.model, f)
+        tail_rows = rows_of([prof], [spec.slo], [mix], [Correction()])
         two = replica_capacity(prof, spec.slo, mix, target_utilization=1.0).rps
         with mock.patch.object(attainment, "ROUTER_CHOICES", 1):
             one = replica_capacity(prof, spec.slo, mix, target_utilization=1.0).rps
@@ -59,12 +75,15 @@ def main() -> None:
             probe = Probe(prof, spec.slo, tr.prompt_tokens, output, EngineConfig(),
                           CapacitySettings(pool_sequences=pool), args.seed)
             for r in rates:
-                met, ttft, tpot = probe.run(r)
-                rows.append([f, round(two, 2), round(one, 2), probe.replicas, r, f"{met:.2%}", round(ttft, 2),
-                             round(tpot * 1000)])
-                print(f"  {f} pool {pool} ({probe.replicas} replicas) at {r} req/s: {met:.2%} met", flush=True)
+                got = probe.run(r)
+                m_ttft, m_tpot = model_misses(tail_rows, r, 1 if probe.replicas == 1 else 2)
+                rows.append([f, round(two, 2), round(one, 2), probe.replicas, r, f"{got.attainment:.2%}",
+                             f"{got.ttft_miss:.2%}", f"{m_ttft:.2%}", f"{got.tpot_miss:.2%}", f"{m_tpot:.2%}",
+                             round(got.ttft_p95_s, 2), round(got.tpot_p95_s * 1000)])
+                print(f"  {f} pool {pool} ({probe.replicas} replicas) at {r} req/s: {got.attainment:.2%} met",
+                      flush=True)
     head = ["flavor", "estimate req/s", "estimate, 1 choice", "replicas", "req/s per replica", "met SLO",
-            "TTFT p95 s", "TPOT p95 ms"]
+            "TTFT miss", "model", "TPOT miss", "model", "TTFT p95 s", "TPOT p95 ms"]
     text = (f"# One replica alone against a pool ({args.model}, {SHORT[args.case]})\n\n{machine()}; "
             f"`python -m bench.lone_replica --model {args.model} --case {args.case} --flavors {args.flavors} "
             f"--rates {args.rates}`; fluid engine model; SLO TTFT {spec.slo.ttft_p95_s} s, TPOT "

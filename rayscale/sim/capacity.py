@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -99,10 +100,20 @@ def sample_requests(prompt: npt.NDArray[np.int64], output: npt.NDArray[np.int64]
             gaps)
 
 
+class PoolOutcome(NamedTuple):
+    """The scored requests of one run of a measuring pool."""
+
+    attainment: float  # share within both SLO targets
+    ttft_p95_s: float
+    tpot_p95_s: float
+    ttft_miss: float  # share over the TTFT target, or not finished
+    tpot_miss: float  # share finished within the TTFT target whose TPOT is over its target
+
+
 def pool_attainment(profile: Profile, slo: SLO, prompt: npt.NDArray[np.int64], output: npt.NDArray[np.int64],
                     gaps: npt.NDArray[np.float64], rate_per_replica: float, replicas: int, engine: EngineConfig,
-                    settings: CapacitySettings) -> tuple[float, float, float]:
-    """(attainment, TTFT p95, TPOT p95) of the scored requests at this rate per replica."""
+                    settings: CapacitySettings) -> PoolOutcome:
+    """The scored requests' attainment, latency p95s and misses at this rate per replica."""
     k = replicas
     arr = np.cumsum(gaps) / (k * rate_per_replica)
     n = len(arr)
@@ -125,13 +136,14 @@ def pool_attainment(profile: Profile, slo: SLO, prompt: npt.NDArray[np.int64], o
     s = int(settings.warmup * n)
     o = output[s:]
     tpot = eng.tpot[s:]
-    ok = ((eng.status[s:] == DONE) & (eng.ttft[s:] <= slo.ttft_p95_s + 1e-9)
-          & np.where(o > 1, tpot <= slo.tpot_p95_s + 1e-9, True))
     done = eng.status[s:] == DONE
+    in_time = done & (eng.ttft[s:] <= slo.ttft_p95_s + 1e-9)
+    slow = in_time & (o > 1) & (tpot > slo.tpot_p95_s + 1e-9)
     ttft = eng.ttft[s:][done]
     tp = tpot[done & (o > 1)]
-    return (float(ok.mean()), float(np.percentile(ttft, 95)) if len(ttft) else math.inf,
-            float(np.percentile(tp, 95)) if len(tp) else math.inf)
+    return PoolOutcome(float((in_time & ~slow).mean()), float(np.percentile(ttft, 95)) if len(ttft) else math.inf,
+                       float(np.percentile(tp, 95)) if len(tp) else math.inf, float(1.0 - in_time.mean()),
+                       float(slow.mean()))
 
 
 class Probe:
@@ -146,16 +158,16 @@ class Probe:
         self.p, self.o, self.gaps = sample_requests(prompt, output, self.requests, seed)
         self.runs = 0
 
-    def run(self, rate: float) -> tuple[float, float, float]:
+    def run(self, rate: float) -> PoolOutcome:
         self.runs += 1
         return pool_attainment(self.profile, self.slo, self.p, self.o, self.gaps, rate, self.replicas, self.engine,
                                self.settings)
 
     def meets(self, rate: float) -> bool:
-        return self.run(rate)[0] >= self.settings.attainment
+        return self.run(rate).attainment >= self.settings.attainment
 
     def result(self, rps: float, **kw: float | bool) -> MeasuredCapacity:
-        att, ttft, tpot = self.run(rps) if rps > 0 else (0.0, math.inf, math.inf)
+        att, ttft, tpot = self.run(rps)[:3] if rps > 0 else (0.0, math.inf, math.inf)
         return MeasuredCapacity(self.profile.flavor, rps, att, ttft, tpot, self.runs, self.replicas, self.requests,
                                 **kw)  # type: ignore[arg-type]
 
