@@ -4,12 +4,11 @@ simulated engine at the same rate per replica, for one replica alone and a ~2,04
     .venv/bin/python -m bench.lone_replica [--model mistral-7b] [--case 0] [--flavors a100,l40s]
         [--rates 0.5,0.8,1.2,1.8,2.2] [--out bench/results/lone_replica.md]
 
-The estimator (rayscale.core.attainment) models one replica behind Serve's power-of-two router: a prompt
-waits to prefill with probability rho^2. A flavor deployment with one replica has no second choice, so the
-table also gives the estimator's capacity with one choice (ROUTER_CHOICES patched to 1, for this table
-only). Per rate, the misses split by target as the engine scores them (TTFT: over its target or not
-finished; TPOT: in time, but over its TPOT target) beside the tail model's at the same rate per replica
-(``model``: with two router choices for the pool, one for the replica alone).
+The estimator (rayscale.core.attainment) models a replica in a pool behind Serve's power-of-two router,
+and a replica alone (``alone``: a flavor deployment of one replica, which takes every prompt). The table
+gives both capacities at full utilisation and, per rate, the misses split by target as the engine scores
+them (TTFT: over its target or not finished; TPOT: in time, but over its TPOT target) beside the tail
+model's at the same rate per replica (``model``: pooled for the pool, alone for the replica alone).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
@@ -35,15 +33,14 @@ from rayscale.tables import format_table
 POOLS = (1, 2048)  # concurrent sequences: one replica alone, and the capacity bench's pool
 
 
-def model_misses(rows: attainment.Rows, rps: float, choices: int) -> tuple[float, float]:
-    """(TTFT, TPOT) miss shares of the tail model at ``rps`` per replica, with ``choices`` router choices:
-    the load whose Little's-law rate is ``rps``, by bisection in log load."""
-    with mock.patch.object(attainment, "ROUTER_CHOICES", choices):
-        lo, hi = attainment.LOAD_FLOOR, 1e4
-        for _ in range(80):
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if attainment.rate_at(rows, np.array([mid]))[0][0] < rps else (lo, mid)
-        load = attainment.at_load(rows, np.array([lo]))
+def model_misses(rows: attainment.Rows, rps: float, alone: bool) -> tuple[float, float]:
+    """(TTFT, TPOT) miss shares of the tail model at ``rps`` per replica: at the load whose Little's-law rate
+    is ``rps``, by bisection in log load."""
+    lo, hi = attainment.LOAD_FLOOR, 1e4
+    for _ in range(80):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if attainment.rate_at(rows, np.array([mid]))[0][0] < rps else (lo, mid)
+    load = attainment.at_load(rows, np.array([lo]), alone)
     return float(load.ttft_miss[0]), float(load.tpot_miss[0])
 
 
@@ -68,21 +65,20 @@ def main() -> None:
     for f in args.flavors.split(","):
         prof = cat.profile(args.model, f)
         tail_rows = rows_of([prof], [spec.slo], [mix], [Correction()])
-        two = replica_capacity(prof, spec.slo, mix, target_utilization=1.0).rps
-        with mock.patch.object(attainment, "ROUTER_CHOICES", 1):
-            one = replica_capacity(prof, spec.slo, mix, target_utilization=1.0).rps
+        pooled = replica_capacity(prof, spec.slo, mix, target_utilization=1.0).rps
+        alone = replica_capacity(prof, spec.slo, mix, target_utilization=1.0, alone=True).rps
         for pool in POOLS:
             probe = Probe(prof, spec.slo, tr.prompt_tokens, output, EngineConfig(),
                           CapacitySettings(pool_sequences=pool), args.seed)
             for r in rates:
                 got = probe.run(r)
-                m_ttft, m_tpot = model_misses(tail_rows, r, 1 if probe.replicas == 1 else 2)
-                rows.append([f, round(two, 2), round(one, 2), probe.replicas, r, f"{got.attainment:.2%}",
+                m_ttft, m_tpot = model_misses(tail_rows, r, probe.replicas == 1)
+                rows.append([f, round(pooled, 2), round(alone, 2), probe.replicas, r, f"{got.attainment:.2%}",
                              f"{got.ttft_miss:.2%}", f"{m_ttft:.2%}", f"{got.tpot_miss:.2%}", f"{m_tpot:.2%}",
                              round(got.ttft_p95_s, 2), round(got.tpot_p95_s * 1000)])
                 print(f"  {f} pool {pool} ({probe.replicas} replicas) at {r} req/s: {got.attainment:.2%} met",
                       flush=True)
-    head = ["flavor", "estimate req/s", "estimate, 1 choice", "replicas", "req/s per replica", "met SLO",
+    head = ["flavor", "estimate req/s", "estimate alone", "replicas", "req/s per replica", "met SLO",
             "TTFT miss", "model", "TPOT miss", "model", "TTFT p95 s", "TPOT p95 ms"]
     text = (f"# One replica alone against a pool ({args.model}, {SHORT[args.case]})\n\n{machine()}; "
             f"`python -m bench.lone_replica --model {args.model} --case {args.case} --flavors {args.flavors} "

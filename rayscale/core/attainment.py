@@ -22,6 +22,12 @@ runs b sequences on average (arrival rate lambda(b) = b / (O * TPOT(b)), Little'
   lands on a busy replica only when both samples are busy: it waits to prefill with probability rho^2, not
   rho, and a decoding request sees new prompts at lambda * min(b, 1): the router keeps replicas evenly
   loaded, so min(b, 1) of them are busy, and an arrival joins a busy one only when both samples are.
+- One replica alone (``alone``: a flavor deployment of one replica, whose router has no second choice)
+  takes every prompt: it waits with probability rho, and the prompts that arrived while a request waited
+  and prefilled are prefilled (FIFO) during its decode, beside those arriving as it decodes, whose steps
+  then last s + rho * chunk on average (a chunk rides along while prompts queue, a share rho of the time).
+  Without these terms the pooled model called a lone replica's capacity 1.2-5x what the simulated engine
+  measures (bench/results/capacity_error_lone_7b.md, lone_replica_*.md); with them, 0.8-1.4x.
 
 Lengths enter as quantile nodes of the mix (RequestMix.prompt_quantiles / output_quantiles, weighted by
 MIX_WEIGHTS), so the model sees the distribution's shape, not only its mean. bench/capacity_error.py checks
@@ -214,8 +220,9 @@ def late_share(rows: Rows, budget: F64, per_token: F64) -> F64:
     return np.asarray(np.where(budget <= 0, 1.0, share))
 
 
-def at_load(rows: Rows, batch: F64) -> Load:
-    """Arrival rate and SLO misses of one replica running ``batch`` sequences on average.
+def at_load(rows: Rows, batch: F64, alone: bool = False) -> Load:
+    """Arrival rate and SLO misses of one replica running ``batch`` sequences on average; ``alone``: the
+    replica is its deployment's only one (module docstring).
 
     Moments over the length nodes are taken from make_rows' sums wherever the load enters only as a
     per-row factor; what is left per node is the two tails."""
@@ -237,17 +244,21 @@ def at_load(rows: Rows, batch: F64) -> Load:
         late = late_share(rows, budget, 1.0 / rows.prefill_tokens_per_s + c)
         # Two estimates of overlapping sets (the prompts too long to prefill in time, read off the mix's
         # quantile function; the waits, over the length nodes): their sum can pass 1 near saturation.
-        ttft_miss = np.minimum(late + rho**ROUTER_CHOICES * _mean(waits), 1.0)
+        ttft_miss = np.minimum(late + rho ** (1 if alone else ROUTER_CHOICES) * _mean(waits), 1.0)
         # TPOT: prompts prefilled during this request's decode, at the rate the router sends to a busy replica.
         # Their count over the request's gaps is Poisson(lam); the stall given at least one is log-normal
         # with the compound sum's mean m1 = lam*E/some and E[S^2]/m1^2 = some*(1 + cv/lam). The budget is
         # (SLO - s) per gap, so budget/m1 = some * (SLO - s) / (arrivals per gap * E): the gaps cancel.
-        per_gap = rate * np.minimum(batch, 1.0) ** (ROUTER_CHOICES - 1) * tpot_mean
-        lam = per_gap[:, col] * rows.gaps
-        some = -np.expm1(-lam)  # P(at least one prompt)
         spare = rows.tpot_slo / rows.corr_tpot - s  # stall one gap can absorb
+        if alone:
+            lam, ratio = _alone_arrivals(rows, rate, s, rho, wait_mean, c, spare)
+        else:
+            per_gap = rate * np.minimum(batch, 1.0) ** (ROUTER_CHOICES - 1) * tpot_mean
+            lam = per_gap[:, col] * rows.gaps
+            ratio = (spare / (per_gap * rows.ex))[:, col]
+        some = -np.expm1(-lam)  # P(at least one prompt)
         sig2 = np.maximum(np.log(some * (1.0 + rows.cv[:, col] / lam)), 1e-12)
-        ln_ratio = np.log(some * (spare / (per_gap * rows.ex))[:, col])
+        ln_ratio = np.log(some * ratio)
         tail = some * ndtr(-(ln_ratio + 0.5 * sig2) / np.sqrt(sig2))
         # A gap stalls at most one chunk: a stall can break a TPOT only in a step whose own decode leaves less
         # room than a chunk, i.e. one running more than k* sequences. The sequences decoding on a replica
@@ -259,6 +270,16 @@ def at_load(rows: Rows, batch: F64) -> Load:
         per_node = np.where(rows.gaps <= 0, 0.0, np.where((spare <= 0)[:, col], 1.0, over[:, col] * tail))
     tpot_miss = _mean(per_node)
     return Load(batch, rate, tpot_mean, np.where(stable, ttft_miss, 1.0), np.where(stable, tpot_miss, 1.0))
+
+
+def _alone_arrivals(rows: Rows, rate: F64, s: F64, rho: F64, wait_mean: F64, c: F64, spare: F64) -> tuple[F64, F64]:
+    """(rows, nodes): for a replica alone, the prompts prefilled during a request's decode (those that came
+    while it waited and prefilled, and while it decodes at s + rho * chunk a step), and the stall one gap
+    can absorb over their mean stall a gap."""
+    col = np.newaxis
+    before = wait_mean[:, col] + rows.prefill + rows.prompt * c[:, col]
+    lam = rate[:, col] * (before + rows.gaps * (s + rho * rows.chunk_s)[:, col])
+    return lam, spare[:, col] * np.maximum(rows.gaps, 1e-9) / (lam * rows.ex[:, col])
 
 
 # Loads (and TPOT thresholds) are found to this relative width: the grid the old search used gave ~1.3%.
@@ -403,15 +424,16 @@ def _log_share(x: F64) -> F64:
     return np.log(np.maximum(x, 1e-300))
 
 
-def largest_load(rows: Rows, high: F64, allowed_miss: float | F64, guess: F64 | None = None) -> F64:
+def largest_load(rows: Rows, high: F64, allowed_miss: float | F64, guess: F64 | None = None,
+                 alone: bool = False) -> F64:
     """Per row, the largest mean batch in [LOAD_FLOOR, high] whose miss share is within ``allowed_miss``
     (one share for all rows, or one per row; misses grow with load), to RTOL; 0 for rows that miss more
     even at LOAD_FLOOR. ``guess``: per row, last period's answer (NaN: none), where the search starts
-    (_crossing)."""
+    (_crossing); ``alone``: each row's replica is its deployment's only one (at_load)."""
     limit = np.broadcast_to(np.log(np.asarray(allowed_miss, dtype=float)), np.shape(high))
 
     def g(r: Rows, b: F64, idx: npt.NDArray[np.intp]) -> F64:
-        return _log_share(at_load(r, b).miss) - limit[idx]
+        return _log_share(at_load(r, b, alone).miss) - limit[idx]
 
     # An idle replica's misses grow as the square of its load (rho^2 waits; prompts arriving during a decode
     # at a rate times a share of busy replicas) and faster near saturation: slope 2 in log-log to begin.

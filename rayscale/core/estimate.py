@@ -151,9 +151,10 @@ def tpot_p95_at(profile: Profile, slo: SLO, mix: RequestMix, batch: float) -> fl
 
 
 def replica_capacity(profile: Profile, slo: SLO, mix: RequestMix, corr: Correction = Correction(),
-                     target_utilization: float = 0.8, attainment: float = DEFAULT_ATTAINMENT) -> ReplicaCapacity:
+                     target_utilization: float = 0.8, attainment: float = DEFAULT_ATTAINMENT,
+                     alone: bool = False) -> ReplicaCapacity:
     """What one replica on ``profile`` serves within the SLO (``replica_capacities`` for one row)."""
-    return replica_capacities([profile], [slo], [mix], [corr], target_utilization, attainment)[0]
+    return replica_capacities([profile], [slo], [mix], [corr], target_utilization, attainment, alone=alone)[0]
 
 
 _PROFILE_COLUMNS = itemgetter("prefill_tokens_per_s", "overhead_s", "itl_alpha_s", "itl_beta_s", "prefill_seq_s",
@@ -234,7 +235,7 @@ def rows_of(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[Re
 def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: Sequence[RequestMix],
                        corrs: Sequence[Correction], target_utilization: float = 0.8,
                        attainment: float = DEFAULT_ATTAINMENT, guesses: Sequence[float] | None = None,
-                       prefill_scale: Sequence[float] | None = None) -> list[ReplicaCapacity]:
+                       prefill_scale: Sequence[float] | None = None, alone: bool = False) -> list[ReplicaCapacity]:
     """Per (profile, SLO, mix, correction): the largest arrival rate at which one replica serves
     ``attainment`` of the mix's requests within both SLO targets (rayscale.core.attainment's tail model),
     bounded by KV cache and max_num_seqs, times ``target_utilization``.
@@ -246,7 +247,8 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
 
     ``guesses``: per row, the batch found last period (0: none); the search starts there, which in a
     control loop makes it several times cheaper (the answer is the same to the search's tolerance).
-    ``prefill_scale``: per row, the factor its prefill is faster by (prefix_scales; None: 1)."""
+    ``prefill_scale``: per row, the factor its prefill is faster by (prefix_scales; None: 1). ``alone``: each
+    replica is its flavor deployment's only one (rayscale.core.attainment.at_load)."""
     n = len(profiles)
     if n == 0:
         return []
@@ -260,7 +262,7 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     kv_fit = np.floor(kv_tokens / request_tokens)
     high = np.minimum(kv_fit, max_num_seqs)
     floor_ok = (ttft_floor <= rows.ttft_slo) & (kv_fit >= 1)
-    batch = largest_load(rows, high, allowed, None if guesses is None else np.array(guesses, dtype=float))
+    batch = largest_load(rows, high, allowed, None if guesses is None else np.array(guesses, dtype=float), alone)
     ok = floor_ok & (batch > 0)  # batch 0: even an idle replica misses more than allowed
     # Never give up on a flavor only its correction rules out: one sequence, at the corrected latency.
     rescue = floor_ok & ~ok
@@ -268,7 +270,7 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
         idx = np.flatnonzero(rescue)
         plain = at_load(rows_of([profiles[i] for i in idx], [slos[i] for i in idx], [mixes[i] for i in idx],
                                 [corrs[i] for i in idx], uncorrected=True, prefill_scale=scale[idx]),
-                        np.full(len(idx), LOAD_FLOOR))
+                        np.full(len(idx), LOAD_FLOOR), alone)
         rescue[idx] = plain.miss <= allowed
         batch = np.where(rescue, 1.0, batch)
     good = ok | rescue
@@ -277,7 +279,7 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     # Why a flavor is out, for the plan's notes: the idle replica's misses, one call for all such rows.
     missing = np.flatnonzero(~good & floor_ok)
     idle_at = dict(zip(missing.tolist(), range(len(missing)), strict=True))
-    idle = at_load(subset(rows, missing), np.full(len(missing), LOAD_FLOOR)) if missing.size else None
+    idle = at_load(subset(rows, missing), np.full(len(missing), LOAD_FLOOR), alone) if missing.size else None
     out: list[ReplicaCapacity] = []
     append, make = out.append, tuple.__new__
     for i, (p, meets, r, b, t, fl) in enumerate(zip(profiles, good.tolist(), rps.tolist(), batch.tolist(),
@@ -381,6 +383,10 @@ class Demand:
     # SLO feedback trims this demand on a level (its factor below 1, no rise): the fleet has delivered the
     # SLO with slack, and the planner may scale up only past PlannerSettings.slack_scale_up_tolerance.
     slo_slack: bool = False
+    # Flavor -> what one replica serves as its flavor deployment's only one, a share of ``capacity``'s rps
+    # (alone_shares), where the plan asked (rayscale.core.plan.Plan.alone_shares): the ingress weighs a
+    # flavor serving on one replica by it.
+    alone_share: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -602,6 +608,27 @@ def estimate(catalog: Catalog, signals: dict[str, ModelSignals],
             why += f", {sig.waiting:.0f} queued"
         out[name] = Demand(name, DemandState.OK, rps, mix, caps, why, burst, best_effort.get(name, ""),
                            fallback.get(name, {}), sharp)
+    return out
+
+
+def alone_shares(catalog: Catalog, demands: Mapping[str, Demand], pairs: Sequence[tuple[str, str]],
+                 corrections: Mapping[tuple[str, str], Correction], settings: EstimateSettings,
+                 scales: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    """Per (model, flavor): what one replica serves as its flavor deployment's only one (replica_capacities
+    with ``alone``), as a share of the pooled capacity ``demands`` hold for it, both for the model's mix at
+    the SLO with the same corrections and prefill scale (``scales``, prefix_scales). 1 where that capacity is
+    best effort or nil: there is nothing it is a share of."""
+    out = dict.fromkeys(pairs, 1.0)
+    todo = [(m, f) for m, f in pairs if (d := demands.get(m)) is not None and (c := d.capacity.get(f)) is not None
+            and c.feasible]
+    if not todo:
+        return out
+    caps = replica_capacities([catalog.profile(m, f) for m, f in todo], [catalog.models[m].slo for m, _ in todo],
+                              [demands[m].mix for m, _ in todo], [corrections.get(k, Correction()) for k in todo],
+                              settings.target_utilization, settings.attainment,
+                              prefill_scale=[scales.get(k, 1.0) for k in todo], alone=True)
+    for (m, f), c in zip(todo, caps, strict=True):
+        out[(m, f)] = min(c.rps / demands[m].capacity[f].rps, 1.0)
     return out
 
 

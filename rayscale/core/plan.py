@@ -24,7 +24,7 @@ and one whose SLO-meeting flavors are capped by limits serves the rest on its ot
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -50,6 +50,8 @@ from rayscale.core.spot import availability
 
 Key = tuple[str, str, str]  # (model, flavor, capacity type)
 ZoneKey = tuple[str, str, str]  # (flavor, zone, capacity type)
+# (model, flavor) pairs -> what one replica serves as its deployment's only one, a share of its pooled capacity
+AloneShares = Callable[[Sequence[tuple[str, str]]], Mapping[tuple[str, str], float]]
 
 # A spot gang counted for nothing is dropped (and its replicas moved) only where one interruption of it puts
 # this many times the outage budget at risk. The risk rises as the need dips, so at 1x spot ordered for a
@@ -131,6 +133,12 @@ class PlannerSettings:
     # chat ramp held 10% short for nine minutes of its climb and met 98.45% on one seed; with the guard
     # 1.1% less, every dev trace within 0.1 pt of before (bench/results/tune_slack_tolerance.md).
     slack_scale_up_tolerance: float = 0.1
+    # Count a flavor deployment of one replica at what it serves alone (rayscale.core.estimate.alone_shares):
+    # Serve's router has no second replica to send a prompt to, so every prompt prefills beside its decodes.
+    # The pooled estimate called such a replica's capacity 1.2-5x what the simulated engine measures
+    # (bench/results/capacity_error_lone_7b.md): a scale-down that swapped one of two A100s for one L40S, or a
+    # 72B on one gang, ran short of the SLO until feedback caught up.
+    alone_capacity: bool = True
     # Settings files and the CLI give the name as a string; __post_init__ makes it a SolverChoice.
     solver: SolverChoice | str = "auto"
 
@@ -214,6 +222,9 @@ class Plan:
     shortfalls: tuple[Shortfall, ...]
     method: str
     notes: tuple[str, ...] = ()
+    # (model, flavor) -> what one replica serves alone, a share of Demand.capacity's rps, for the deployments
+    # of one replica the plan found (now, standing, or planned): the ingress weighs such a replica by it.
+    alone_shares: Mapping[tuple[str, str], float] = field(default_factory=dict)
 
     @property
     def usd_per_h(self) -> float:
@@ -309,6 +320,10 @@ class _Build:
     current: Mapping[Key, int] = field(default_factory=dict)  # what every model converges to (_converging)
     room: dict[str, tuple[float, float]] | None = None  # flavor -> (devices, nodes) its limits leave (_room)
     last_plan_s: float | None = None  # PlannerMemory.at_s
+    alone_share: AloneShares | None = None  # the estimator's alone_shares for (model, flavor) pairs
+    alone: dict[tuple[str, str], float] = field(default_factory=dict)  # ... those asked so far
+    alone_now: dict[str, set[str]] = field(default_factory=dict)  # model -> flavors it runs one replica of
+    open: set[str] = field(default_factory=set)  # models the solver may change (scaled up or re-planned)
 
 
 def plan(
@@ -321,6 +336,7 @@ def plan(
     settings: PlannerSettings = PlannerSettings(),
     spot_rates: Mapping[str, float] | None = None,
     serving: Mapping[Key, int] | None = None,
+    alone_share: AloneShares | None = None,
 ) -> tuple[Plan, PlannerMemory]:
     """The plan and the planner's new memory (module docstring). Stages: what each model converges to;
     per model, its stability rule, offerings and need (_add_model); solve; keep scale-downs to dropping
@@ -328,22 +344,29 @@ def plan(
     shortfalls. ``spot_rates`` (flavor -> interruptions per node-hour, rayscale.core.spot) discount what a
     spot replica is worth; ``serving`` (replicas serving on ready gangs, where the provider can move them):
     spot that counts for nothing is dropped once the ready rest covers the need (the act step moves its
-    replicas first)."""
+    replicas first). ``alone_share`` (rayscale.core.estimate.alone_shares; None: every replica pooled): what
+    a flavor deployment of one replica serves alone; such a fleet is planned to cover the need with it."""
     world = {k: v for k, v in (current or {}).items() if v > 0}
     memory = memory or PlannerMemory()
     blocked = _blocked(catalog, unavailable or {}, now)
     current = _converging(world, memory.targets, blocked)
     b = _Build(catalog, settings, now, blocked, dict(memory.last_change_s), dict(memory.below_since_s),
-               spot_rates=spot_rates or {}, world=world, serving=serving, current=current, last_plan_s=memory.at_s)
+               spot_rates=spot_rates or {}, world=world, serving=serving, current=current, last_plan_s=memory.at_s,
+               alone_share=alone_share if settings.alone_capacity else None)
     cur_by_model: dict[str, dict[Key, int]] = {}
     for k, n in current.items():
         cur_by_model.setdefault(k[0], {})[k] = n
+    if b.alone_share is not None:
+        for m, f in _alone_pairs(current):
+            b.alone_now.setdefault(m, set()).add(f)
+        _alone_shares(b, _alone_pairs(current) | _alone_pairs(world))
     for name in sorted(catalog.models):
         _add_model(b, name, demands.get(name), cur_by_model.get(name, {}))
     problem, have = _problem(b)
-    sol = _solve(problem, settings)
+    sol, problem = _solve_alone(b, problem)
     if b.freed:
-        sol = _unless_moving_saves(problem, sol, have, b.freed, settings, b.why, b.repricing)
+        sol = _unless_moving_saves(problem, sol, have, b.freed, settings, b.why, b.repricing,
+                                   lambda p: _solve_alone(b, p)[0])
     sol, rest_best_effort = _serve_rest_best_effort(catalog, demands, problem, sol, b.rounded, b.shapes, blocked,
                                                     have, settings)
     entries, changed = _entries(catalog, problem, sol, have, current, b.gangs, b.why)
@@ -355,7 +378,7 @@ def plan(
     for e in entries:
         if e.replicas > 0:
             targets[e.model][(e.model, e.flavor, e.capacity_type)] = e.replicas
-    return (Plan(tuple(entries), shortfalls, sol.method, tuple(b.notes)),
+    return (Plan(tuple(entries), shortfalls, sol.method, tuple(b.notes), dict(b.alone)),
             PlannerMemory(b.last_change, b.below_since, targets, now))
 
 
@@ -369,10 +392,14 @@ def _add_model(b: _Build, name: str, d: Demand | None, cur: dict[Key, int]) -> N
     # every period would read the model as short and they could never be scaled down with the demand.
     have_caps = {**caps, **d.fallback} if d else caps
     need = _risk_need(d, cur, have_caps)
-    cur_cap = sum(n * (have_caps[f].rps * _counted(b, name, f, ct, have_caps[f].rps, need)[0] if f in have_caps else 0.0)
+    alone = b.alone_now.get(name, ())
+    cur_cap = sum(n * (have_caps[f].rps * _counted(b, name, f, ct, have_caps[f].rps, need)[0]
+                       * (b.alone.get((name, f), 1.0) if f in alone else 1.0) if f in have_caps else 0.0)
                   for (_, f, ct), n in cur.items())
     cur_n = sum(cur.values())
     mode, rps = _mode(b, name, d, cur, cur_cap, cur_n)
+    if mode in (Mode.UP, Mode.FREE):
+        b.open.add(name)
     if d is not None and d.best_effort:
         b.why[name] += "; best effort: no flavor meets the SLO for this mix"
     first = len(b.offers)
@@ -860,6 +887,77 @@ def _with_burst_floor(catalog: Catalog, model: str, d: Demand, shapes: Shapes) -
     return replace(d, rps=floor, reason=f"{d.reason}, {floor:.2f} burst floor ({d.burst_rps:.1f} req/s bursts)")
 
 
+def _alone_pairs(counts: Mapping[Key, int]) -> set[tuple[str, str]]:
+    """The (model, flavor) deployments that run one replica (on-demand and spot together: one deployment)."""
+    per: dict[tuple[str, str], int] = {}
+    for (m, f, _), n in counts.items():
+        if n > 0:
+            per[(m, f)] = per.get((m, f), 0) + n
+    return {k for k, n in per.items() if n == 1}
+
+
+def _alone_shares(b: _Build, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], float]:
+    """The estimator's alone shares, each pair asked once a plan (a search per call: asked in batches)."""
+    if b.alone_share is not None:
+        todo = sorted(k for k in pairs if k not in b.alone)
+        if todo:
+            b.alone.update(b.alone_share(todo))
+    return b.alone
+
+
+# A re-solve may put a flavor's first replica beside the fleet, itself alone: checked once more.
+ALONE_RESOLVES = 2
+
+
+def _solve_alone(b: _Build, problem: Problem) -> tuple[Solution, Problem]:
+    """The solver's plan and the problem it solves: where a scaled or re-planned model's fleet falls short of
+    its need once its deployments of one replica count what they serve alone, its need grows by the
+    shortfall (not demand: ``b.rounded``) and the problem is solved again."""
+    sol = _solve(problem, b.settings)
+    for _ in range(ALONE_RESOLVES if b.alone_share is not None else 0):
+        short = _alone_short(b, problem, sol)
+        if not short:
+            break
+        for m, x in sorted(short.items()):
+            b.rounded[m] = b.rounded.get(m, 0.0) + x
+            b.why[m] = b.why.get(m, "") + f"; +{x:.2f} req/s for a flavor's one replica, which serves less alone"
+        problem = replace(problem, needs=[replace(n, rps=n.rps + short[n.model]) if n.model in short else n
+                                          for n in problem.needs])
+        sol = _solve(problem, b.settings)
+    return sol, problem
+
+
+def _alone_short(b: _Build, problem: Problem, sol: Solution) -> dict[str, float]:
+    """Per open model (b.open) whose planned fleet, its one-replica deployments counted at what they serve
+    alone, covers less than its demand: how much its need grows (the shortfall, past the fleet's pooled
+    capacity)."""
+    offs = problem.offerings
+    assert isinstance(offs, OfferingTable)
+    per: dict[tuple[str, str], int] = {}
+    for j, n in sol.counts.items():
+        # A model the solver left short already is bound by limits: more need changes nothing.
+        if n > 0 and offs.model[j] in b.open and sol.unmet_rps.get(offs.model[j], 0.0) <= RPS_TOLERANCE:
+            k = (offs.model[j], offs.flavor[j])
+            per[k] = per.get(k, 0) + n
+    lone = [k for k, n in per.items() if n == 1]
+    if not lone:
+        return {}
+    shares = _alone_shares(b, lone)
+    served: dict[str, float] = {}
+    lost: dict[str, float] = {}
+    for j, n in sol.counts.items():
+        k = (offs.model[j], offs.flavor[j])
+        if n > 0 and k in per:
+            served[k[0]] = served.get(k[0], 0.0) + n * offs.rps[j]
+            if per[k] == 1:
+                lost[k[0]] = lost.get(k[0], 0.0) + offs.rps[j] * (1.0 - shares.get(k, 1.0))
+    # The demand: what rounding, headroom and a kept rise add to the need (b.rounded) is margin already. The
+    # need grows past what the fleet serves counted pooled, or the solver could keep the fleet as it is.
+    need = {n.model: (n.rps, n.rps - b.rounded.get(n.model, 0.0)) for n in problem.needs if n.model in lost}
+    return {m: max(served[m] - need[m][0], 0.0) + need[m][1] - (served[m] - x) for m, x in lost.items()
+            if served[m] - x < need[m][1] - RPS_TOLERANCE}
+
+
 def _solve(problem: Problem, settings: PlannerSettings) -> Solution:
     if settings.solver == SolverChoice.EXACT:
         return solve_exact(problem)
@@ -869,10 +967,11 @@ def _solve(problem: Problem, settings: PlannerSettings) -> Solution:
 
 
 def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed: set[str],
-                         settings: PlannerSettings, why: dict[str, str], steady: set[str]) -> Solution:
+                         settings: PlannerSettings, why: dict[str, str], steady: set[str],
+                         solve: Callable[[Problem], Solution]) -> Solution:
     """The scale-downs of ``freed`` models by dropping running replicas only (the ``steady`` ones keep what
     runs), unless starting replicas on other offerings costs ``settings.scale_down_move_saving`` less
-    (PlannerSettings says why)."""
+    (PlannerSettings says why). ``solve``: the plan's solver (_solve_alone)."""
     offs = problem.offerings
     assert isinstance(offs, OfferingTable)
     moves = [j for j in range(len(offs)) if offs.model[j] in freed and sol.counts.get(j, 0) > have[j]]
@@ -880,9 +979,9 @@ def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed
         return sol
     ub = [min(u, have[j]) if offs.model[j] in freed else u for j, u in enumerate(offs.ub)]
     lb = [min(v, ub[j]) for j, v in enumerate(offs.lb)]
-    down = _solve(replace(problem, offerings=OfferingTable(
+    down = solve(replace(problem, offerings=OfferingTable(
         offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb, ub,
-        offs.unit, offs.slots)), settings)
+        offs.unit, offs.slots)))
     # Any model: on a flavor with a device limit, what the freed models keep may be what another one needed.
     worse = any(down.unmet_rps.get(m, 0.0) > sol.unmet_rps.get(m, 0.0) + RPS_TOLERANCE
                 or down.missing_min.get(m, 0) > sol.missing_min.get(m, 0)

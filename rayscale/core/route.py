@@ -24,11 +24,14 @@ from rayscale.core.estimate import Demand
 
 
 def flavor_weights(replicas: Mapping[tuple[str, str], int], demands: Mapping[str, Demand]) -> dict[str, dict[str, float]]:
-    """model -> flavor -> replicas x per-replica req/s, ``replicas``: those serving now, per (model, flavor). A
-    flavor the estimator knows nothing of weighs 0."""
+    """model -> flavor -> replicas x per-replica req/s, ``replicas``: those serving now, per (model, flavor); a
+    flavor serving on one replica counts what it serves alone (Demand.alone_share, where known). A flavor the
+    estimator knows nothing of weighs 0."""
     out: dict[str, dict[str, float]] = defaultdict(dict)
     for (m, f), n in sorted(replicas.items()):
         d = demands.get(m)
         cap = d.capacity[f].rps if d is not None and f in d.capacity else 0.0
+        if n == 1 and d is not None:
+            cap *= d.alone_share.get(f, 1.0)
         out[m][f] = round(n * cap, 4)
     return dict(out)

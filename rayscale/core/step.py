@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, is_dataclass, replace
 
 from rayscale.core.act import Action, BackOff, Gang, GangPhase, Key, decide
@@ -21,14 +21,16 @@ from rayscale.core.estimate import (
     Correction,
     Demand,
     DemandState,
+    alone_shares,
     correction_smoothing,
     estimate,
+    prefix_scales,
     update_corrections,
 )
 from rayscale.core.feedback import Delivered, delivered
 from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal, line_ahead
 from rayscale.core.frozen import replaced
-from rayscale.core.plan import Plan, PlannerMemory, bursts_last, plan
+from rayscale.core.plan import AloneShares, Plan, PlannerMemory, bursts_last, plan
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.spot import SpotRecord, observe, rates
@@ -97,6 +99,7 @@ def step(ctx: StepContext) -> StepResult:
     forecaster = _forecaster(cfg, horizon_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,
                        None if state.demands is None else dict(state.demands))
+    alone_share = _alone_share(catalog, demands, corrections, cfg, signals)
     before = _after_interruptions(ctx)
     demands = _with_feedback(demands, before, cfg, ctx.now, signals)
     demands = _with_rise(demands, signals, cfg, horizon_s)
@@ -115,7 +118,9 @@ def step(ctx: StepContext) -> StepResult:
     unavailable = {k: u for k, u in state.unavailable.items() if u > ctx.now}
     spot = observe(state.spot, ctx.gangs, ctx.now, cfg.spot)
     result, memory = plan(catalog, demands, current, unavailable, ctx.now, state.memory, cfg.planner,
-                          rates(spot, cfg.spot, catalog.flavors), ready_serving if ctx.can_drain else None)
+                          rates(spot, cfg.spot, catalog.flavors), ready_serving if ctx.can_drain else None,
+                          alone_share)
+    demands = _with_alone_shares(demands, result.alone_shares)
     record = _delivered(ctx, before, signals, result, demands)
     actions: tuple[Action, ...] = ()
     if ctx.serve is not None:
@@ -129,6 +134,27 @@ def step(ctx: StepContext) -> StepResult:
     new_state = StepState(memory, corrections, demands, unavailable, history, next_history_s, last_mix, horizon_s,
                           record, spot)
     return StepResult(result, demands, actions, new_state, signals)
+
+
+def _alone_share(catalog: Catalog, demands: Mapping[str, Demand], corrections: Mapping[tuple[str, str], Correction],
+                 cfg: Settings, signals: Mapping[str, ModelSignals]) -> AloneShares:
+    """The plan's alone_shares, worked out on the estimate's demands (before feedback and utilisation scale
+    their capacities: a share is of the pooled capacity both scale alike), only for the pairs it asks."""
+    scales: list[Mapping[tuple[str, str], float]] = []
+
+    def shares(pairs: Sequence[tuple[str, str]]) -> Mapping[tuple[str, str], float]:
+        if not scales:
+            scales.append(prefix_scales(catalog, dict(signals)))
+        return alone_shares(catalog, demands, pairs, corrections, cfg.estimate, scales[0])
+    return shares
+
+
+def _with_alone_shares(demands: Mapping[str, Demand], shares: Mapping[tuple[str, str], float]) -> dict[str, Demand]:
+    """The demands with the plan's alone shares (Demand.alone_share), for the ingress's weights."""
+    per: dict[str, dict[str, float]] = {}
+    for (m, f), x in shares.items():
+        per.setdefault(m, {})[f] = x
+    return {m: replace(d, alone_share=per[m]) if m in per else d for m, d in demands.items()}
 
 
 def _after_interruptions(ctx: StepContext) -> Mapping[str, Delivered]:

@@ -228,10 +228,10 @@ def _calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0, 0]
     real = att.at_load
 
-    def counted(rows, batch):  # type: ignore[no-untyped-def]
+    def counted(rows, batch, alone=False):  # type: ignore[no-untyped-def]
         calls[0] += 1
         calls[1] += len(batch)
-        return real(rows, batch)
+        return real(rows, batch, alone)
 
     monkeypatch.setattr(att, "at_load", counted)
     return calls
