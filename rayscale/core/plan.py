@@ -905,37 +905,53 @@ def _alone_shares(b: _Build, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str
     return b.alone
 
 
-# A re-solve may put a flavor's first replica beside the fleet, itself alone: checked once more.
+# Doubling one flavor's lone replica may leave another model's lone one short: checked once more.
 ALONE_RESOLVES = 2
 
 
 def _solve_alone(b: _Build, problem: Problem) -> tuple[Solution, Problem]:
-    """The solver's plan and the problem it solves: where a scaled or re-planned model's fleet falls short of
-    its need once its deployments of one replica count what they serve alone, its need grows by the
-    shortfall (not demand: ``b.rounded``) and the problem is solved again."""
+    """The solver's plan and the problem it solves. Where a scaled or re-planned model's fleet falls short
+    of its demand once its deployments of one replica count what they serve alone, the one that loses most
+    gets a second replica (a deployment of two pools again; the solver re-plans the rest around it), unless
+    that leaves any model with more unmet than before (limits)."""
     sol = _solve(problem, b.settings)
     for _ in range(ALONE_RESOLVES if b.alone_share is not None else 0):
         short = _alone_short(b, problem, sol)
         if not short:
             break
-        for m, x in sorted(short.items()):
-            b.rounded[m] = b.rounded.get(m, 0.0) + x
-            b.why[m] = b.why.get(m, "") + f"; +{x:.2f} req/s for a flavor's one replica, which serves less alone"
-        problem = replace(problem, needs=[replace(n, rps=n.rps + short[n.model]) if n.model in short else n
-                                          for n in problem.needs])
-        sol = _solve(problem, b.settings)
+        offs = problem.offerings
+        assert isinstance(offs, OfferingTable)
+        lb = list(offs.lb)
+        for j in short.values():
+            lb[j] = max(lb[j], 2)
+        trial_problem = replace(problem, offerings=OfferingTable(
+            offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb,
+            offs.ub, offs.unit, offs.slots))
+        trial = _solve(trial_problem, b.settings)
+        if _worse(trial, sol):
+            break
+        for m, j in sorted(short.items()):
+            b.why[m] = b.why.get(m, "") + f"; two {offs.flavor[j]} replicas: one alone serves too little"
+        problem, sol = trial_problem, trial
     return sol, problem
 
 
-def _alone_short(b: _Build, problem: Problem, sol: Solution) -> dict[str, float]:
+def _worse(sol: Solution, than: Solution) -> bool:
+    """Some model has more demand unmet, or more replicas missing below its minimum, in ``sol``."""
+    return any(sol.unmet_rps.get(m, 0.0) > than.unmet_rps.get(m, 0.0) + RPS_TOLERANCE
+               or sol.missing_min.get(m, 0) > than.missing_min.get(m, 0)
+               for m in set(sol.unmet_rps) | set(sol.missing_min))
+
+
+def _alone_short(b: _Build, problem: Problem, sol: Solution) -> dict[str, int]:
     """Per open model (b.open) whose planned fleet, its one-replica deployments counted at what they serve
-    alone, covers less than its demand: how much its need grows (the shortfall, past the fleet's pooled
-    capacity)."""
+    alone, covers less than its demand: the offering of the one-replica deployment that loses most (the
+    demand is the need less what rounding, headroom and a kept rise add to it, b.rounded: margin already)."""
     offs = problem.offerings
     assert isinstance(offs, OfferingTable)
     per: dict[tuple[str, str], int] = {}
     for j, n in sol.counts.items():
-        # A model the solver left short already is bound by limits: more need changes nothing.
+        # A model the solver left short already is bound by limits: a second replica cannot start.
         if n > 0 and offs.model[j] in b.open and sol.unmet_rps.get(offs.model[j], 0.0) <= RPS_TOLERANCE:
             k = (offs.model[j], offs.flavor[j])
             per[k] = per.get(k, 0) + n
@@ -945,17 +961,17 @@ def _alone_short(b: _Build, problem: Problem, sol: Solution) -> dict[str, float]
     shares = _alone_shares(b, lone)
     served: dict[str, float] = {}
     lost: dict[str, float] = {}
+    worst: dict[str, tuple[float, int]] = {}
     for j, n in sol.counts.items():
         k = (offs.model[j], offs.flavor[j])
         if n > 0 and k in per:
             served[k[0]] = served.get(k[0], 0.0) + n * offs.rps[j]
-            if per[k] == 1:
-                lost[k[0]] = lost.get(k[0], 0.0) + offs.rps[j] * (1.0 - shares.get(k, 1.0))
-    # The demand: what rounding, headroom and a kept rise add to the need (b.rounded) is margin already. The
-    # need grows past what the fleet serves counted pooled, or the solver could keep the fleet as it is.
-    need = {n.model: (n.rps, n.rps - b.rounded.get(n.model, 0.0)) for n in problem.needs if n.model in lost}
-    return {m: max(served[m] - need[m][0], 0.0) + need[m][1] - (served[m] - x) for m, x in lost.items()
-            if served[m] - x < need[m][1] - RPS_TOLERANCE}
+            if per[k] == 1 and offs.ub[j] >= 2:
+                x = offs.rps[j] * (1.0 - shares.get(k, 1.0))
+                lost[k[0]] = lost.get(k[0], 0.0) + x
+                worst[k[0]] = max(worst.get(k[0], (-1.0, j)), (x, j))
+    demand = {n.model: n.rps - b.rounded.get(n.model, 0.0) for n in problem.needs if n.model in lost}
+    return {m: worst[m][1] for m, x in lost.items() if served[m] - x < demand[m] - RPS_TOLERANCE}
 
 
 def _solve(problem: Problem, settings: PlannerSettings) -> Solution:
@@ -983,9 +999,7 @@ def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed
         offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb, ub,
         offs.unit, offs.slots)))
     # Any model: on a flavor with a device limit, what the freed models keep may be what another one needed.
-    worse = any(down.unmet_rps.get(m, 0.0) > sol.unmet_rps.get(m, 0.0) + RPS_TOLERANCE
-                or down.missing_min.get(m, 0) > sol.missing_min.get(m, 0)
-                for m in set(down.unmet_rps) | set(down.missing_min))
+    worse = _worse(down, sol)
     if worse or sol.usd_per_h < (1 - settings.scale_down_move_saving) * down.usd_per_h:
         return sol
     saving = 1 - sol.usd_per_h / down.usd_per_h if down.usd_per_h > 0 else 0.0

@@ -84,7 +84,7 @@ def test_a_need_one_replica_covers_pooled_but_not_alone_gets_a_second() -> None:
     alone, _ = plan(CAT, demands, alone_share=shares)
     assert sum(pooled.target().values()) == 1
     assert sum(alone.target().values()) == 2  # one deployment of two: pooled
-    assert "serves less alone" in alone.entries[0].reason
+    assert "two l40s replicas: one alone serves too little" in alone.entries[0].reason
     assert not alone.shortfalls
     assert alone.alone_shares[(M, "l40s")] == pytest.approx(share, rel=0.02)
 
