@@ -5,7 +5,8 @@
 For each of the policy bench's traces (bench.simulate_policies.CASES) and each flavor of the model:
 
 - predicted: rayscale.core.estimate.replica_capacity at full utilisation, uncorrected (what the planner
-  prices flavors by before any observation);
+  prices flavors by before any observation); ``predicted alone``: the same for a replica that is its flavor
+  deployment's only one (``alone``), which the ``over`` column of a one-replica pool compares with;
 - measured: rayscale.sim.capacity.measure_capacity, the oracle's yardstick: the largest Poisson rate per
   replica at which a pool of the same engine model serves 99% of the trace's own requests within both SLO
   targets. Pools of two sizes (concurrent sequences): a small fleet queues more than a large one.
@@ -63,11 +64,14 @@ def main() -> None:
             shape = gang_shape_for(cat, f, spec.parallelism[f])
             usd = shape.nodes * cat.price(f, shape.instance_type, CapacityType.ON_DEMAND)
             pred = replica_capacity(prof, spec.slo, mix, target_utilization=1.0).rps
-            row: list[object] = [f, round(usd, 2), round(pred, 2)]
+            alone = replica_capacity(prof, spec.slo, mix, target_utilization=1.0, alone=True).rps
+            row: list[object] = [f, round(usd, 2), round(pred, 2), round(alone, 2)]
             for pool in pools:
                 m = measure_capacity(prof, spec.slo, tr.prompt_tokens, output, engine,
                                      CapacitySettings(pool_sequences=pool), args.seed, guess_rps=max(pred, 0.1))
-                row += [round(m.rps, 2), f"{pred / m.rps:.2f}x" if m.rps > 0 else "-",
+                # One replica alone is compared with the estimate for a replica alone.
+                p = alone if m.replicas == 1 else pred
+                row += [round(m.rps, 2), f"{p / m.rps:.2f}x" if m.rps > 0 else "-",
                         round(usd / m.rps, 2) if m.rps > 0 else "-"]
                 if m.rps > 0:
                     cheapest[str(pool)] = min(cheapest.get(str(pool), (np.inf, "")), (usd / m.rps, f))
@@ -76,7 +80,7 @@ def main() -> None:
             if pred > 0:
                 cheapest["predicted"] = min(cheapest.get("predicted", (np.inf, "")), (usd / pred, f))
             rows.append(row)
-        head = ["flavor", "$/h", "predicted req/s"]
+        head = ["flavor", "$/h", "predicted req/s", "predicted alone"]
         for pool in pools:
             head += [f"measured ({pool} seq)", "over", "$/req/s-h"]
         head.append("$/req/s-h predicted")
