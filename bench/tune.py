@@ -163,8 +163,9 @@ def _planner_variants(s: Settings) -> dict[str, Settings]:
         "scale-down moves for a 5% saving": replace(s, planner=replace(pl, scale_down_move_saving=0.05)),
         "scale-down moves for any saving": replace(s, planner=replace(pl, scale_down_move_saving=0.0)),
         "no moves while steady": replace(s, planner=replace(pl, steady_moves=False)),
-        # A flavor deployment of one replica counted pooled, as one of many (PlannerSettings.alone_capacity).
-        "one replica counted pooled": replace(s, planner=replace(pl, alone_capacity=False)),
+        # A flavor deployment of one replica counted at what it serves alone (PlannerSettings.alone_capacity;
+        # tune_alone.md ran it as the shipped settings, against "one replica counted pooled").
+        "one replica counted alone": replace(s, planner=replace(pl, alone_capacity=True)),
         "mix over >= 2000 requests (up to 30 min)": replace(s, mix_min_requests=2000, mix_max_s=1800.0),
         "mix over >= 3000 requests (up to 30 min)": replace(s, mix_min_requests=3000, mix_max_s=1800.0),
     }

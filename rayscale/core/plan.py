@@ -135,10 +135,13 @@ class PlannerSettings:
     slack_scale_up_tolerance: float = 0.1
     # Count a flavor deployment of one replica at what it serves alone (rayscale.core.estimate.alone_shares):
     # Serve's router has no second replica to send a prompt to, so every prompt prefills beside its decodes.
-    # The pooled estimate called such a replica's capacity 1.2-5x what the simulated engine measures
-    # (bench/results/capacity_error_lone_7b.md): a scale-down that swapped one of two A100s for one L40S, or a
-    # 72B on one gang, ran short of the SLO until feedback caught up.
-    alone_capacity: bool = True
+    # The pooled estimate called such a replica's capacity 1.2-5x what the simulated engine measures, the
+    # alone one 0.8-1.7x (bench/results/capacity_error_alone_7b.md, _72b.md). Off as shipped: the dev split's
+    # rule chose it (tune_alone.md), and from cold the 72B morning met 99.90% (was 99.17%), but in steady
+    # state the 72B day met 97.32% (94.07% on seed 0) where it met 99.54%: a lone A100 counted short was
+    # doubled early, the scale-down after it moved onto three L40S, and the next rise ordered an A100 that
+    # takes 20 min to start (eval_models_alone.md, bench/README.md).
+    alone_capacity: bool = False
     # Settings files and the CLI give the name as a string; __post_init__ makes it a SolverChoice.
     solver: SolverChoice | str = "auto"
 

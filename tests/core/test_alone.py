@@ -27,6 +27,7 @@ M = "mistral-7b"
 CODE = RequestMix(prompt_mean=2048, output_mean=28, prompt_p95=7305)  # Azure code completion's shape
 CAT = load_catalog().subset([M], ["l40s"])
 OD = "on-demand"
+ALONE = PlannerSettings(alone_capacity=True)  # off as shipped (PlannerSettings says why)
 
 
 def _sig(rate: float) -> dict[str, ModelSignals]:
@@ -81,7 +82,7 @@ def test_a_need_one_replica_covers_pooled_but_not_alone_gets_a_second() -> None:
     rate = cap * (1 + share) / 2  # between what one replica serves alone and what it serves pooled
     demands, shares = _shares(rate)
     pooled, _ = plan(CAT, demands, settings=PlannerSettings(alone_capacity=False), alone_share=shares)
-    alone, _ = plan(CAT, demands, alone_share=shares)
+    alone, _ = plan(CAT, demands, settings=ALONE, alone_share=shares)
     assert sum(pooled.target().values()) == 1
     assert sum(alone.target().values()) == 2  # one deployment of two: pooled
     assert "two l40s replicas: one alone serves too little" in alone.entries[0].reason
@@ -96,7 +97,7 @@ def test_one_running_replica_that_serves_the_need_only_pooled_is_scaled_up() -> 
     demands, shares = _shares(cap * (1 + share) / 2)
     cur = {(M, "l40s", OD): 1}
     kept, _ = plan(CAT, demands, cur, settings=PlannerSettings(alone_capacity=False), alone_share=shares)
-    up, _ = plan(CAT, demands, cur, alone_share=shares)
+    up, _ = plan(CAT, demands, cur, settings=ALONE, alone_share=shares)
     assert kept.target() == cur
     assert sum(up.target().values()) == 2 and up.target()[(M, "l40s", OD)] == 1
     assert up.entries[0].reason.startswith("scale up")
@@ -121,10 +122,10 @@ def test_the_step_plans_one_replica_at_what_it_serves_alone_and_hands_the_share_
     demands, shares = _shares(1.0)
     share = shares([(M, "l40s")])[(M, "l40s")]
     sig = ModelSignals(M, Freshness.FRESH, 0.0, demands[M].capacity["l40s"].rps * (1 + share) / 2, CODE, waiting=0.0)
-    shipped = Settings()
-    off = replace(shipped, planner=replace(shipped.planner, alone_capacity=False))
+    off = Settings()
+    on = replace(off, planner=replace(off.planner, alone_capacity=True))
     got = {s.planner.alone_capacity: step(StepContext(0.0, CAT, {M: sig}, (), ServeView({}, {}), s, StepState()))
-           for s in (shipped, off)}
+           for s in (on, off)}
     assert sum(got[False].plan.target().values()) == 1
     assert sum(got[True].plan.target().values()) == 2
     assert got[True].demands[M].alone_share["l40s"] == pytest.approx(share, rel=0.02)
