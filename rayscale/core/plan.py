@@ -927,9 +927,7 @@ def _solve_alone(b: _Build, problem: Problem) -> tuple[Solution, Problem]:
         lb = list(offs.lb)
         for j in short.values():
             lb[j] = max(lb[j], 2)
-        trial_problem = replace(problem, offerings=OfferingTable(
-            offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb,
-            offs.ub, offs.unit, offs.slots))
+        trial_problem = replace(problem, offerings=offs.with_bounds(lb, offs.ub))
         trial = _solve(trial_problem, b.settings)
         if _worse(trial, sol):
             break
@@ -998,9 +996,7 @@ def _unless_moving_saves(problem: Problem, sol: Solution, have: list[int], freed
         return sol
     ub = [min(u, have[j]) if offs.model[j] in freed else u for j, u in enumerate(offs.ub)]
     lb = [min(v, ub[j]) for j, v in enumerate(offs.lb)]
-    down = solve(replace(problem, offerings=OfferingTable(
-        offs.model, offs.flavor, offs.capacity_type, offs.usd_per_h, offs.rps, offs.devices, offs.nodes, lb, ub,
-        offs.unit, offs.slots)))
+    down = solve(replace(problem, offerings=offs.with_bounds(lb, ub)))
     # Any model: on a flavor with a device limit, what the freed models keep may be what another one needed.
     worse = _worse(down, sol)
     if worse or sol.usd_per_h < (1 - settings.scale_down_move_saving) * down.usd_per_h:

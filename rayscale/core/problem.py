@@ -48,6 +48,11 @@ class OfferingTable(Sequence[Offering]):
     def __len__(self) -> int:
         return len(self.model)
 
+    def with_bounds(self, lb: list[int], ub: list[int]) -> OfferingTable:
+        """The same offerings with other bounds (the columns shared, not copied)."""
+        return OfferingTable(self.model, self.flavor, self.capacity_type, self.usd_per_h, self.rps, self.devices,
+                             self.nodes, lb, ub, self.unit, self.slots)
+
     def _item(self, j: int) -> Offering:
         return Offering(self.model[j], self.flavor[j], self.capacity_type[j], self.usd_per_h[j], self.rps[j],
                         self.devices[j], self.nodes[j], self.lb[j], self.ub[j], self.slots[j])
