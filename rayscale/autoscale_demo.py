@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rayscale.config import DEFAULT_DIR, load_settings
-from rayscale.core.catalog import CapacityType, Catalog, FlavorLimits, RequestMixSpec
+from rayscale.core.catalog import SLO, CapacityType, Catalog, FlavorLimits, RequestMixSpec
 from rayscale.core.settings import Settings
 from rayscale.loadgen import Attainment
 
@@ -89,6 +89,7 @@ class Row:
     usd_per_h: float
     in_flight: float | None = None  # at the ingress (queued anywhere or running)
     client_ttft_p95_s: float | None = None  # at the ingress: arrival -> first byte
+    tpot_p95_s: float | None = None  # in the engines
 
 
 def row_of(rec: Any, t0: float) -> Row:
@@ -96,7 +97,8 @@ def row_of(rec: Any, t0: float) -> Row:
     phases = list(rec.gangs.values())
     return Row(round(rec.t - t0, 1), sig.get("arrival_rate_rps"), sig.get("waiting"), sig.get("ttft_p95_s"),
                rec.serve.get(f"{MODEL}--{FLAVOR}", 0), phases.count("ready"), phases.count("pending"),
-               float(rec.plan.get("usd_per_h", 0.0)), sig.get("in_flight"), sig.get("client_ttft_p95_s"))
+               float(rec.plan.get("usd_per_h", 0.0)), sig.get("in_flight"), sig.get("client_ttft_p95_s"),
+               sig.get("tpot_p95_s"))
 
 
 def timeline_table(rows: list[Row], every_s: float = 10.0) -> str:
@@ -117,21 +119,6 @@ def timeline_table(rows: list[Row], every_s: float = 10.0) -> str:
           f(r.client_ttft_p95_s, ".2f"), f(r.ttft_p95_s, ".2f"), r.replicas, r.gangs_ready, r.gangs_pending,
           f"{r.usd_per_h:.2f}"] for r in picked],
     )
-
-
-def client_ttft_p95(results: list[Any], replay_start_s: float, window_s: float = 10.0) -> list[tuple[float, float]]:
-    """(time since the controller started, TTFT p95 the clients saw) per window of send times."""
-    import numpy as np
-
-    pts = sorted((r.sent_s, r.ttft_s) for r in results if r.sent_s is not None and r.ttft_s is not None)
-    out = []
-    t = 0.0
-    while pts and t <= pts[-1][0]:
-        w = [ttft for sent, ttft in pts if t <= sent < t + window_s]
-        if w:
-            out.append((replay_start_s + t + window_s / 2, float(np.percentile(w, 95))))
-        t += window_s
-    return out
 
 
 def client_windows(results: list[Any], replay_start_s: float, ttft_target_s: float, tpot_target_s: float,
@@ -239,7 +226,10 @@ def slo_verdict(cat: Catalog, results: list[Any], arrival_s: Sequence[float],
                       slo_attainment(results, ttft, tpot, outside), len(short) * period_s, max(short, default=0.0))
 
 
-def plot(rows: list[Row], slo_ttft_s: float, path: Path, client: list[tuple[float, float]] | None = None) -> None:
+def plot(rows: list[Row], slo: SLO, path: Path,
+         client: Sequence[tuple[float, Attainment]] = ()) -> None:
+    """The timeline as a PNG: load, replicas and nodes, TTFT and TPOT p95 (the engines', the ingress's and,
+    per ``client`` window (client_windows), the clients') against the SLO's targets, and the plan's $/h."""
     try:
         import matplotlib
     except ImportError as e:
@@ -250,28 +240,37 @@ def plot(rows: list[Row], slo_ttft_s: float, path: Path, client: list[tuple[floa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def line(values: Sequence[float | None]) -> list[float]:
+        return [float("nan") if v is None else v for v in values]
+
     t = [r.t for r in rows]
-    fig, ax = plt.subplots(4, 1, figsize=(9, 9), sharex=True)
-    ax[0].plot(t, [r.load_rps if r.load_rps is not None else float("nan") for r in rows], label="observed load")
+    fig, ax = plt.subplots(5, 1, figsize=(9, 11), sharex=True)
+    ax[0].plot(t, line([r.load_rps for r in rows]), label="observed load")
     ax[0].set_ylabel("req/s")
     ax[1].step(t, [r.replicas for r in rows], where="post", label="Serve replicas")
     ax[1].step(t, [r.gangs_ready for r in rows], where="post", label="nodes ready", linestyle="--")
     ax[1].step(t, [r.gangs_ready + r.gangs_pending for r in rows], where="post", label="nodes incl. starting",
                linestyle=":")
     ax[1].set_ylabel(FLAVOR)
-    ax[2].plot(t, [r.ttft_p95_s if r.ttft_p95_s is not None else float("nan") for r in rows],
-               label="TTFT p95 in the engines")
-    ax[2].plot(t, [r.client_ttft_p95_s if r.client_ttft_p95_s is not None else float("nan") for r in rows],
+    ax[2].plot(t, line([r.ttft_p95_s for r in rows]), label="TTFT p95 in the engines")
+    ax[2].plot(t, line([r.client_ttft_p95_s for r in rows]),
                label="TTFT p95 at the ingress, arrival to first byte (the controller reads both)")
+    ax[3].plot(t, line([r.tpot_p95_s * 1000 if r.tpot_p95_s is not None else None for r in rows]),
+               label="TPOT p95 in the engines")
     if client:
-        ax[2].plot([c[0] for c in client], [c[1] for c in client], marker="o",
+        ct = [c[0] for c in client]
+        ax[2].plot(ct, line([a.ttft_p95_s for _, a in client]), marker="o",
                    label="TTFT p95 the clients saw (10 s windows of send time)")
-        ax[2].set_yscale("log")
-    ax[2].axhline(slo_ttft_s, color="red", linestyle="--", label="SLO")
-    ax[2].set_ylabel("s")
-    ax[3].step(t, [r.usd_per_h for r in rows], where="post", label="plan $/h")
-    ax[3].set_ylabel("$/h")
-    ax[3].set_xlabel("seconds since the controller started")
+        ax[3].plot(ct, line([a.tpot_p95_s * 1000 if a.tpot_p95_s is not None else None for _, a in client]),
+                   marker="o", label="TPOT p95 the clients saw (10 s windows of send time)")
+    ax[2].set_yscale("log")
+    ax[2].axhline(slo.ttft_p95_s, color="red", linestyle="--", label="SLO")
+    ax[2].set_ylabel("TTFT s")
+    ax[3].axhline(slo.tpot_p95_s * 1000, color="red", linestyle="--", label="SLO")
+    ax[3].set_ylabel("TPOT ms")
+    ax[4].step(t, [r.usd_per_h for r in rows], where="post", label="plan $/h")
+    ax[4].set_ylabel("$/h")
+    ax[4].set_xlabel("seconds since the controller started")
     for a in ax:
         a.legend(loc="upper right", fontsize=8)
         a.grid(alpha=0.3)
@@ -379,10 +378,9 @@ def _report(ctl: Controller, cat: Catalog, tr: Trace, res: ReplayResult, t0: flo
     out(timeline_table(rows))
     out(res.summary.table(title=f"{MODEL} (emulated) through the burst, autoscaled by rayscale"))
     png = out_dir / "demo-autoscale.png"
-    client = client_ttft_p95(res.results, replay_start)
-    plot(rows, cat.models[MODEL].slo.ttft_p95_s, png, client)
     slo = cat.models[MODEL].slo
     windows = client_windows(res.results, replay_start, slo.ttft_p95_s, slo.tpot_p95_s)
+    plot(rows, slo, png, windows)
     out(format_table(["t s", "requests", "met SLO", "client TTFT p95 s", "client TPOT p95 ms"],
                      [[f"{t:.0f}", a.requests, f"{a.share:.0%}", f"{a.ttft_p95_s:.2f}",
                        "-" if a.tpot_p95_s is None else f"{a.tpot_p95_s * 1000:.0f}"] for t, a in windows],
