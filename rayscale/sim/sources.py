@@ -92,10 +92,18 @@ def load_spec(spec: str, seed: int = 0, time_scale: float = 1.0, rate_scale: flo
 WARMUP_SEED_OFFSET = 1000  # the warm-up draw's seed: never one a scored run uses
 
 
-def with_warmup_draw(spec: str, seed: int, time_scale: float = 1.0, rate_scale: float = 1.0) -> tuple[Trace, float]:
+def with_warmup_draw(spec: str, seed: int, time_scale: float = 1.0, rate_scale: float = 1.0,
+                     draws: int = 1) -> tuple[Trace, float]:
     """Steady state without hindsight: another draw of the same traffic (seed + 1000) to warm up on, then the
-    scored draw (``seed``; a file trace is resampled for both). Returns the trace and when scoring starts."""
-    warm = load_spec(spec, seed + WARMUP_SEED_OFFSET, time_scale, rate_scale, resample=True)
+    scored draw (``seed``; a file trace is resampled for both). Returns the trace and when scoring starts.
+    ``draws`` > 1 warms up on that many draws, the further ones (seeds + 3000, + 5000, ...; never a seed
+    another run uses) before the first: a longer past for the state that remembers hours (SLO feedback)."""
+    if draws < 1:
+        raise ValueError(f"with_warmup_draw: draws must be at least 1, got {draws}")
+    seeds = [seed + WARMUP_SEED_OFFSET * (2 * k + 1) for k in reversed(range(draws))]
+    warm = load_spec(spec, seeds[0], time_scale, rate_scale, resample=True)
+    for s in seeds[1:]:
+        warm = warm.then(load_spec(spec, s, time_scale, rate_scale, resample=True))
     scored = load_spec(spec, seed, time_scale, rate_scale, resample=True)
     both = warm.then(scored)
     return both, float(both.arrival_s[len(warm)])

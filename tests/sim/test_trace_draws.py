@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rayscale.sim.sources import WARMUP_SEED_OFFSET, load_spec, with_warmup_draw
 from rayscale.sim.trace import Trace
@@ -36,3 +37,18 @@ def test_the_warm_up_is_another_draw_and_scoring_starts_after_it() -> None:
     assert warm.arrival_s.tolist() != scored.arrival_s.tolist()
     gen, gstart = with_warmup_draw("gen:poisson:rate=2,hours=0.1", seed=0)
     assert isinstance(gen, Trace) and 0 < gstart < gen.duration_s
+
+
+def test_a_longer_warm_up_adds_older_draws_before_the_same_last_one() -> None:
+    one, start1 = with_warmup_draw("gen:poisson:rate=2,hours=0.1", seed=4)
+    two, start2 = with_warmup_draw("gen:poisson:rate=2,hours=0.1", seed=4, draws=2)
+    older = load_spec("gen:poisson:rate=2,hours=0.1", seed=4 + 3 * WARMUP_SEED_OFFSET, resample=True)
+    assert len(two) == len(one) + len(older) and start2 > start1 + 0.9 * older.duration_s
+    # The draw just before scoring and the scored draw are those of the one-draw warm-up.
+    n_warm = int(np.searchsorted(one.arrival_s, start1))
+    last = two.arrival_s[len(older):len(older) + n_warm]
+    assert np.allclose(last - last[0], one.arrival_s[:n_warm] - one.arrival_s[0])
+    assert np.allclose(two.arrival_s[len(older) + n_warm:] - start2, one.arrival_s[n_warm:] - start1)
+    assert np.allclose(two.arrival_s[:len(older)] - two.arrival_s[0], older.arrival_s - older.arrival_s[0])
+    with pytest.raises(ValueError, match="draws must be at least 1"):
+        with_warmup_draw("gen:poisson:rate=2,hours=0.1", seed=4, draws=0)
