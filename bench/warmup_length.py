@@ -20,7 +20,8 @@ from typing import Any
 
 from bench.common import emit, machine, span
 from bench.eval_split import CASES, model_of
-from rayscale.config import load_catalog
+from rayscale.config import load_catalog, load_settings
+from rayscale.core.settings import Settings
 from rayscale.sim.baselines import on_demand_only
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
@@ -31,8 +32,8 @@ from rayscale.tables import format_table
 class _Watched(RayscalePolicy):
     """The product, noting SLO feedback's factor at the first control step of the scored draw."""
 
-    def __init__(self, scoring_s: float) -> None:
-        super().__init__()
+    def __init__(self, scoring_s: float, settings: Settings | None = None) -> None:
+        super().__init__(settings)
         self.scoring_s = scoring_s
         self.factor_at_scoring: float | None = None
 
@@ -43,14 +44,16 @@ class _Watched(RayscalePolicy):
             self.factor_at_scoring = rec.factor if rec is not None else 1.0
 
 
-def one(case: int, seed: int, draws: int) -> dict[str, Any]:
-    """The shipped product on the ``seed``-th draw of a case, warmed up on ``draws`` other draws."""
+def one(case: int, seed: int, draws: int, settings_file: str | None = None) -> dict[str, Any]:
+    """The product (with the shipped settings, or the file's) on the ``seed``-th draw of a case, warmed up on
+    ``draws`` other draws."""
     _, label, spec, ts, rs = CASES[case]
     model = model_of(case)
     cat = on_demand_only(load_catalog().subset([model]))
     trace, warm = with_warmup_draw(spec, seed, ts, rs, draws=draws)
-    policy = _Watched(warm)
-    r = simulate(cat, trace, policy, SimConfig(model=model, seed=seed, warmup_s=warm))
+    settings = load_settings(settings_file)
+    policy = _Watched(warm, settings)
+    r = simulate(cat, trace, policy, SimConfig(model=model, seed=seed, warmup_s=warm, settings=settings))
     out = {"case": case, "seed": seed, "draws": draws, "slo": r.slo_attainment, "usd": r.cost_usd,
            "factor": policy.factor_at_scoring, "warm_h": warm / 3600.0}
     print(f"  {label} seed={seed} warm-up {draws} draw(s): {100 * r.slo_attainment:.2f}% ${r.cost_usd:.2f}, "
@@ -81,20 +84,24 @@ def main() -> int:
     ap.add_argument("--split", choices=["both", "dev", "held-out"], default="both")
     ap.add_argument("--case", default="", help="only the split's cases whose label holds this text")
     ap.add_argument("--draws", default="1,2", help="warm-up lengths, in draws of the traffic")
+    ap.add_argument("--settings", default=None, help="the product's settings file (default: the shipped one)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     draws = [int(x) for x in args.draws.split(",")]
-    cases = [i for i, c in enumerate(CASES) if (c[0] == args.split or (args.split == "both" and c[0] in ("dev", "held-out")))
-             and args.case in c[1]]
-    jobs = [(c, s, d) for c in cases for s in seeds for d in draws]
+    splits = ("dev", "held-out") if args.split == "both" else (args.split,)
+    cases = [i for i, c in enumerate(CASES) if c[0] in splits and args.case in c[1]]
+    jobs = [(c, s, d, args.settings) for c in cases for s in seeds for d in draws]
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(one, *zip(*jobs, strict=True)))
+    wall = time.perf_counter() - t0
+    flags = (f" --case {args.case!r}" if args.case else "") + (f" --settings {args.settings}" if args.settings else "")
     text = (f"# Steady state and the warm-up's length\n\n{machine()}; `python -m bench.warmup_length --seeds "
-            f"{args.seeds} --split {args.split}{f' --case {args.case!r}' if args.case else ''} --draws {args.draws}` ({time.perf_counter() - t0:.0f} s on {args.jobs} "
-            f"processes); shipped settings and catalog, on-demand only, fluid engine, no request mix declared.\n\n"
+            f"{args.seeds} --split {args.split}{flags} --draws {args.draws}` ({wall:.0f} s on {args.jobs} processes); "
+            f"{'settings ' + args.settings if args.settings else 'shipped settings'}, shipped catalog, on-demand "
+            "only, fluid engine, no request mix declared.\n\n"
             + __doc__.split("\n\n", 2)[2] + "\n```\n" + table(rows) + "\n```\n")
     return emit(text, args.out)
 
