@@ -103,6 +103,9 @@ def _feedback_variants(s: Settings) -> dict[str, Settings]:
         "feedback min 0.7": replace(s, feedback=replace(fb, min_factor=0.7)),
         "feedback min 0.8": replace(s, feedback=replace(fb, min_factor=0.8)),  # shipped before tune_min_factor.md
         "feedback tighten 1.0/h": replace(s, feedback=replace(fb, tighten_per_h=1.0)),
+        # The factor relaxes only once the record has read slack for half an hour on end
+        # (FeedbackSettings.relax_hold_s, bench/results/tune_relax_hold.md).
+        "feedback relaxes after 30 min of slack": replace(s, feedback=replace(fb, relax_hold_s=1800.0)),
         "feedback trims the burst floor to 0.75": replace(s, feedback=replace(fb, burst_floor_min_factor=0.75)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),

@@ -114,6 +114,15 @@ class FeedbackSettings:
     # the dev Azure code trace x3 met 99% in steady state only on the record of its warm-up's cold start
     # (98.69% at 9% less cost with a 2x cap, tune_window_cap.md; 5x gave the same on the two seeds tried).
     window_miss_cap: float | None = None
+    # The factor falls only once the smoothed attainment has held above relax_above for this long (None: from
+    # relax_after_s on, whatever it read since). The record is smoothed over half an hour, shorter than an hour
+    # of traffic whose bursts come at one time of the hour: it reads slack through the calm, the factor relaxes,
+    # and the next bursts meet the relaxed fleet. Warmed up on two draws of the dev Azure code trace x3 (not one,
+    # as bench.eval_split does), the shipped settings met 98.73% (97.08% on one seed of five); with 30 min of
+    # slack asked for, 99.11% at the same cost (bench/results/warmup_length.md, bench/README.md). Off as
+    # shipped: bench.tune's one-draw steady state cannot see it, and there it cost 7.9% more on the minute
+    # bursts (tune_relax_hold.md).
+    relax_hold_s: float | None = None
 
     def __post_init__(self) -> None:
         checks = {"time_constant_s": self.time_constant_s > 0, "relax_above": 0 <= self.relax_above < 1,
@@ -123,7 +132,8 @@ class FeedbackSettings:
                   "floor_window_s": self.floor_window_s >= 0, "floor_share": 0 < self.floor_share <= 1,
                   "rise_above": self.rise_above is None or self.rise_above >= 0,
                   "burst_floor_min_factor": 0 < self.burst_floor_min_factor <= 1,
-                  "window_miss_cap": self.window_miss_cap is None or self.window_miss_cap >= 1}
+                  "window_miss_cap": self.window_miss_cap is None or self.window_miss_cap >= 1,
+                  "relax_hold_s": self.relax_hold_s is None or self.relax_hold_s >= 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"FeedbackSettings.{name} is out of range, got {getattr(self, name)}")
@@ -133,7 +143,8 @@ class FeedbackSettings:
 class Delivered:
     """One model's finished and SLO-meeting requests per second, smoothed; ``requests``: how many finished
     requests the record has seen in all (capped: it gates the factor, nothing else); ``factor``: what its
-    demand is multiplied by; ``since_s``: when the record started (None: at ``at_s``)."""
+    demand is multiplied by; ``since_s``: when the record started (None: at ``at_s``); ``tight_at_s``: when it
+    last read no more slack than ``FeedbackSettings.relax_above`` (None: never)."""
 
     finished_rps: float
     met_rps: float
@@ -141,6 +152,7 @@ class Delivered:
     at_s: float
     factor: float = 1.0
     since_s: float | None = None
+    tight_at_s: float | None = None
 
     def age_s(self, now: float) -> float:
         return now - (self.at_s if self.since_s is None else self.since_s)
@@ -169,10 +181,17 @@ def delivered(previous: Delivered | None, sig: ModelSignals, window_s: float, no
     rec = Delivered(previous.finished_rps + a * (finished - previous.finished_rps),
                     previous.met_rps + a * (met - previous.met_rps),
                     min(previous.requests + finished * dt, 1e12), now, previous.factor,
-                    previous.at_s if previous.since_s is None else previous.since_s)
+                    previous.at_s if previous.since_s is None else previous.since_s, previous.tight_at_s)
     # Only observed time moves the factor: a model idle overnight (no request finished) has not earned a
     # night's worth of relaxing by its first morning window.
-    return replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings))
+    rec = replace(rec, factor=next_factor(rec, min(dt, window_s), goal, settings))
+    return rec if _slack(rec, goal) > settings.relax_above else replace(rec, tight_at_s=now)
+
+
+def _slack(record: Delivered, goal: float) -> float:
+    """(delivered - goal) / (1 - goal): 1 when every request met the SLO, 0 at the goal; -inf with no record."""
+    att = record.attainment
+    return -math.inf if att is None else (att - goal) / max(1.0 - goal, 1e-9)
 
 
 def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSettings) -> float:
@@ -183,10 +202,12 @@ def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSet
         return 1.0
     if att is None or record.requests < settings.min_requests:
         return record.factor
-    slack = (att - goal) / max(1.0 - goal, 1e-9)
+    slack = _slack(record, goal)
     hours = dt / 3600.0
     if slack > settings.relax_above:
-        if record.age_s(record.at_s) < settings.relax_after_s:
+        held = settings.relax_hold_s is None or record.tight_at_s is None \
+            or record.at_s - record.tight_at_s >= settings.relax_hold_s
+        if record.age_s(record.at_s) < settings.relax_after_s or not held:
             return record.factor
         return max(record.factor - settings.relax_per_h * hours, settings.min_factor)
     if slack < 0:

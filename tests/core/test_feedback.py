@@ -323,3 +323,31 @@ def test_with_rise_needs_arrivals_a_spikes_trend_is_no_rise(now: float, want: fl
     plain = replace(cfg, feedback=replace(cfg.feedback, rise_needs_arrivals=False))
     assert _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(1.0, 0.8)}, plain, 0.0,
                           {"mistral-7b": sig})["mistral-7b"].rps == pytest.approx(10.0)
+
+
+def test_with_a_hold_the_factor_relaxes_only_once_slack_has_held_that_long() -> None:
+    hold = replace(FB, relax_hold_s=1800.0)
+    calm = replace(_record(1.0, factor=0.95), tight_at_s=-600.0)  # read tight 10 min ago
+    assert next_factor(calm, 300.0, GOAL, hold) == 0.95
+    assert next_factor(calm, 300.0, GOAL, FB) < 0.95  # without a hold the record's age is all it asks
+    assert next_factor(replace(calm, tight_at_s=-1800.0), 300.0, GOAL, hold) < 0.95
+    assert next_factor(replace(calm, tight_at_s=None), 300.0, GOAL, hold) < 0.95  # never read tight
+    with pytest.raises(ValueError, match="relax_hold_s"):
+        FeedbackSettings(relax_hold_s=-1.0)
+
+
+def test_the_record_notes_when_it_last_read_tight() -> None:
+    first = delivered(None, _sig(600.0, 1.0), 30.0, 0.0, GOAL, FB)
+    missed = delivered(first, _sig(600.0, 0.5), 30.0, 30.0, GOAL, FB)  # half the window missed
+    assert missed is not None and missed.tight_at_s == 30.0
+    after = missed
+    for t in range(60, 7200, 30):  # every request met from here on: the smoothed share climbs back over the band
+        after = delivered(after, _sig(600.0, 1.0), 30.0, float(t), GOAL, FB)
+    assert after is not None and 30.0 < (after.tight_at_s or 0.0) < 7170.0
+    assert _slack_of(after) > FB.relax_above
+
+
+def _slack_of(rec: Delivered) -> float:
+    att = rec.attainment
+    assert att is not None
+    return (att - GOAL) / (1 - GOAL)
