@@ -108,13 +108,14 @@ def model_of(case: int) -> str:
     return CASE_MODELS.get(CASES[case][1], MODEL)
 
 
-def case_run(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = ()) -> tuple[Catalog, Trace, float]:
+def case_run(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = (),
+             draws: int = 1) -> tuple[Catalog, Trace, float]:
     """The catalog (restricted to ``flavors`` where any are named), the ``seed``-th draw of a case's traffic
-    and its unscored warm-up (steady state: after another draw of the same traffic; from cold: none)."""
+    and its unscored warm-up (steady state: after ``draws`` other draws of the same traffic; from cold: none)."""
     _, _, spec, ts, rs = CASES[case]
     cat = on_demand_only(load_catalog().subset([model_of(case)], list(flavors) or None))
     if steady:
-        trace, warm = with_warmup_draw(spec, seed, ts, rs)
+        trace, warm = with_warmup_draw(spec, seed, ts, rs, draws=draws)
         return cat, trace, warm
     return cat, load_spec(spec, seed, ts, rs, resample=True), 0.0
 

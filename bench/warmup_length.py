@@ -1,7 +1,8 @@
 """How much of a steady-state result is the warm-up's own past: the shipped product warmed up on one draw of
 the same traffic (what bench.eval_split scores as steady state) and on two, side by side.
 
-    .venv/bin/python -m bench.warmup_length [--seeds 0,1,2,3,4] [--jobs 2] [--split dev|held-out|both] [--out F]
+    .venv/bin/python -m bench.warmup_length [--seeds 0,1,2,3,4] [--jobs 2] [--split dev|held-out|both]
+        [--case TEXT] [--draws 1,2] [--settings FILE] [--out F]
 
 SLO feedback's record (rayscale.core.feedback) is smoothed over half an hour, and its factor falls at most
 ``relax_per_h`` an hour: the misses of the warm-up's own first minutes (the first bursts, met before the burst
@@ -19,13 +20,11 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from bench.common import emit, machine, span
-from bench.eval_split import CASES, model_of
-from rayscale.config import load_catalog, load_settings
+from bench.eval_split import CASES, case_run, model_of
+from rayscale.config import load_settings
 from rayscale.core.settings import Settings
-from rayscale.sim.baselines import on_demand_only
 from rayscale.sim.policies import RayscalePolicy
 from rayscale.sim.simulator import SimConfig, Simulation, simulate
-from rayscale.sim.sources import with_warmup_draw
 from rayscale.tables import format_table
 
 
@@ -47,10 +46,8 @@ class _Watched(RayscalePolicy):
 def one(case: int, seed: int, draws: int, settings_file: str | None = None) -> dict[str, Any]:
     """The product (with the shipped settings, or the file's) on the ``seed``-th draw of a case, warmed up on
     ``draws`` other draws."""
-    _, label, spec, ts, rs = CASES[case]
-    model = model_of(case)
-    cat = on_demand_only(load_catalog().subset([model]))
-    trace, warm = with_warmup_draw(spec, seed, ts, rs, draws=draws)
+    label, model = CASES[case][1], model_of(case)
+    cat, trace, warm = case_run(case, seed, True, draws=draws)
     settings = load_settings(settings_file)
     policy = _Watched(warm, settings)
     r = simulate(cat, trace, policy, SimConfig(model=model, seed=seed, warmup_s=warm, settings=settings))

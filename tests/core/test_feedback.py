@@ -9,7 +9,7 @@ import pytest
 from rayscale.config import load_catalog
 from rayscale.core.act import Gang, GangPhase
 from rayscale.core.estimate import Demand, DemandState
-from rayscale.core.feedback import Delivered, FeedbackSettings, delivered, next_factor
+from rayscale.core.feedback import Delivered, FeedbackSettings, _slack, delivered, next_factor
 from rayscale.core.settings import Settings
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 from rayscale.core.step import ServeView, StepContext, StepState, _with_feedback, _with_rise, step
@@ -344,10 +344,4 @@ def test_the_record_notes_when_it_last_read_tight() -> None:
     for t in range(60, 7200, 30):  # every request met from here on: the smoothed share climbs back over the band
         after = delivered(after, _sig(600.0, 1.0), 30.0, float(t), GOAL, FB)
     assert after is not None and 30.0 < (after.tight_at_s or 0.0) < 7170.0
-    assert _slack_of(after) > FB.relax_above
-
-
-def _slack_of(rec: Delivered) -> float:
-    att = rec.attainment
-    assert att is not None
-    return (att - GOAL) / (1 - GOAL)
+    assert _slack(after, GOAL) > FB.relax_above
