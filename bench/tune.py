@@ -1,10 +1,10 @@
 """Choosing the shipped settings on the dev split only, by a stated rule.
 
-    .venv/bin/python -m bench.tune [--seeds 0,1,2] [--jobs 2] [--out bench/results/tune.md]
+    .venv/bin/python -m bench.tune [--seeds 0,1,2] [--jobs 2] [--draws 1] [--variants A,B] [--out F] [--from-log F]
 
 Each variant is the shipped settings (rayscale/data/settings.yaml) with one or two knobs changed. Every
 variant runs the product (``rayscale``, no request mix declared) on the dev traffic of bench.eval_split only
-(the held-out cases are never run here), per seed in steady state (warmed up on another draw), in steady
+(the held-out cases are never run here), per seed in steady state (warmed up on ``--draws`` other draws), in steady
 state with the controller restarted 30 min before scoring (as the product does, it reads back the checkpoint
 it saved in its last period: rate history, corrections, SLO feedback's record; rayscale.core.checkpoint),
 and from cold.
@@ -106,6 +106,8 @@ def _feedback_variants(s: Settings) -> dict[str, Settings]:
         # The factor relaxes only once the record has read slack for half an hour on end
         # (FeedbackSettings.relax_hold_s, bench/results/tune_relax_hold.md).
         "feedback relaxes after 30 min of slack": replace(s, feedback=replace(fb, relax_hold_s=1800.0)),
+        "feedback relaxes after 60 min of slack + tighten 1.0/h": replace(s, feedback=replace(
+            fb, relax_hold_s=3600.0, tighten_per_h=1.0)),
         "feedback trims the burst floor to 0.75": replace(s, feedback=replace(fb, burst_floor_min_factor=0.75)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
@@ -177,8 +179,8 @@ def _planner_variants(s: Settings) -> dict[str, Settings]:
 STARTS = ("steady", "restart", "cold")
 
 
-def one(variant: str, case: int, seed: int, start: str) -> dict[str, Any]:
-    cat, trace, warm = case_run(case, seed, start != "cold")
+def one(variant: str, case: int, seed: int, start: str, draws: int = 1) -> dict[str, Any]:
+    cat, trace, warm = case_run(case, seed, start != "cold", draws=draws)
     t0 = time.perf_counter()
     settings = variants()[variant]
     policy = RayscalePolicy(settings, restart_at_s=warm - RESTART_BEFORE_S if start == "restart" else None)
@@ -266,6 +268,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--draws", type=int, default=1, help="draws of the traffic the steady state warms up on")
     ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--out", default="bench/results/tune.md")
     ap.add_argument("--from-log", help="re-apply the rule to a run's printed progress lines instead of running")
@@ -273,7 +276,7 @@ def main() -> int:
     seeds = [int(x) for x in args.seeds.split(",")]
     names = [v for v in variants() if not args.variants or v in args.variants.split(",") or v == SHIPPED]
     cases = [i for i, c in enumerate(CASES) if c[0] == "dev"]
-    jobs = [(v, c, s, st) for v in names for c in cases for s in seeds for st in STARTS]
+    jobs = [(v, c, s, st, args.draws) for v in names for c in cases for s in seeds for st in STARTS]
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     if args.from_log:
