@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.eval_split [--seeds 0,1,2,3,4] [--jobs 2] [--split both|dev|held-out|shapes|models]
                                          [--case TEXT] [--flavor F] [--engine fluid|iteration] [--policy P]
-                                         [--mode both|steady|cold] [--out bench/results/eval_split.md]
+                                         [--mode both|steady|cold] [--draws 1] [--out bench/results/eval_split.md]
 
 Every policy runs in the same simulator, on the same cloud draws, start-up times and prefill-chunk rules:
 
@@ -19,7 +19,8 @@ No hindsight for the product: no request mix is declared (it is learned online; 
 product with a ``request_mix`` declared from another draw of the same traffic, as an operator would write
 it from yesterday's logs, which also picks each flavor's prefill chunk), seeds draw new arrivals
 (trace files are resampled per seed, ``Trace.resample``), and steady state warms up on another draw of the
-same traffic (seed + 1000) before the scored one. On-demand capacity only (spot is reported apart).
+same traffic (seed + 1000; with ``--draws N``, N draws, rayscale.sim.sources.with_warmup_draw) before the
+scored one. On-demand capacity only (spot is reported apart).
 ``rayscale, restarted`` (steady state only): the product whose controller restarted 30 min before scoring,
 the cluster unchanged; as the controller does, it reads back the checkpoint it saved in its last period
 (rate history, corrections, SLO feedback's record; rayscale.core.checkpoint). ``rayscale, restarted blind``:
@@ -121,11 +122,12 @@ def case_run(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = (),
 
 
 def one(case: int, seed: int, steady: bool, flavors: tuple[str, ...] = (), engine: str = "fluid",
-        only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Every policy (or those named in ``only``) on one draw of a case, on the ``engine`` model."""
+        only: tuple[str, ...] = (), draws: int = 1) -> list[dict[str, Any]]:
+    """Every policy (or those named in ``only``) on one draw of a case, on the ``engine`` model; steady state
+    warmed up on ``draws`` other draws."""
     _, label, spec, ts, rs = CASES[case]
     model = model_of(case)
-    cat, trace, warm = case_run(case, seed, steady, flavors)
+    cat, trace, warm = case_run(case, seed, steady, flavors, draws)
     cfg = SimConfig(model=model, seed=seed, warmup_s=warm, same_start=not steady, engine=EngineConfig(model=engine))
     # What an operator could declare before this traffic: the request shape of another day (another draw).
     prior = load_spec(spec, seed + 2 * WARMUP_SEED_OFFSET, ts, rs, resample=True).request_mix()
@@ -215,14 +217,15 @@ def main() -> int:
     ap.add_argument("--policy", action="append", default=[], choices=[*POLICIES, DECLARED, RESTARTED, BLIND],
                     help="run only this policy (repeatable)")
     ap.add_argument("--mode", choices=["both", "steady", "cold"], default="both")
+    ap.add_argument("--draws", type=int, default=1, help="draws of the traffic the steady state warms up on")
     ap.add_argument("--out", default="bench/results/eval_split.md")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     cases = [i for i, c in enumerate(CASES) if (c[0] == args.split or (args.split == "both" and c[0] in ("dev", "held-out")))
              and args.case in c[1]]
     modes = {"both": (False, True), "steady": (True,), "cold": (False,)}[args.mode]
-    jobs = [(c, s, st, tuple(args.flavor), args.engine, tuple(args.policy)) for c in cases for s in seeds
-            for st in modes]
+    jobs = [(c, s, st, tuple(args.flavor), args.engine, tuple(args.policy), args.draws) for c in cases
+            for s in seeds for st in modes]
     print(f"{len(jobs)} runs of {len(args.policy) or len(POLICIES)} policies on {args.jobs} processes", flush=True)
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -232,12 +235,13 @@ def main() -> int:
     plot(rows, out.with_suffix(".png"))
     only = ("".join(f" --flavor {f}" for f in args.flavor) + (f" --case '{args.case}'" if args.case else "")
             + (f" --engine {args.engine}" if args.engine != "fluid" else "")
-            + "".join(f" --policy {p}" for p in args.policy) + (f" --mode {args.mode}" if args.mode != "both" else ""))
+            + "".join(f" --policy {p}" for p in args.policy) + (f" --mode {args.mode}" if args.mode != "both" else "")
+            + (f" --draws {args.draws}" if args.draws != 1 else ""))
     text = (f"# Evaluation: the shipped product on dev and held-out traffic\n\n{machine()}; "
             f"`python -m bench.eval_split --seeds {args.seeds} --split {args.split}{only}` ({wall:.0f} s on {args.jobs} "
             f"processes); model {', '.join(sorted({model_of(c) for c in cases}))}, shipped catalog"
             f"{' (only ' + ', '.join(args.flavor) + ')' if args.flavor else ''}, on-demand only, {args.engine} engine.\n\n"
-            + __doc__.split("\n\n", 2)[2] + "\n## Steady state (warmed up on another draw)\n\n```\n"
+            + __doc__.split("\n\n", 2)[2] + f"\n## Steady state (warmed up on {args.draws} other draw{'s' if args.draws > 1 else ''})\n\n```\n"
             + table(rows, True) + "\n```\n\n## From cold (every policy starts from the same fleet: what the "
             "shipped step orders for the first 30 s)\n\nA bound that cannot reach the goal from there reports its best-attaining configuration "
             "(its cost is then no bound).\n\n"

@@ -1076,7 +1076,9 @@ def _whole_best(need: float, have: float, replicas: int, max_replicas: int, why:
     whole = have + min(math.ceil((need - have) / rps - 1e-9), room) * rps
     if whole <= need + RPS_TOLERANCE:
         return need, why
-    return whole, f"{why}; ordering whole {flavor} replicas ({rps:.2f} req/s at ${per_rps * rps:.2f}/h each)"
+    # The solver may cover the rounded need with another mix (two inf2 for one L40S's worth): say what was rounded.
+    return whole, (f"{why}; rounded up to {whole:.2f} req/s, whole {flavor} replicas "
+                   f"({rps:.2f} req/s at ${per_rps * rps:.2f}/h each)")
 
 
 def _converging(world: dict[Key, int], targets: dict[str, dict[Key, int]],

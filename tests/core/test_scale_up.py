@@ -36,7 +36,7 @@ def test_scale_up_orders_whole_best_value_replicas_not_the_cheapest_increment() 
     assert old.target().get(("mistral-7b", "inf2", OD), 0) == 1
     # ... but per req/s the L40S is the better buy, and the order is rounded up to a whole one.
     assert new.target() == {("mistral-7b", "l40s", OD): 3, ("mistral-7b", "l40s", SPOT): 2}
-    assert "ordering whole l40s replicas" in new.entries[0].reason
+    assert "whole l40s replicas" in new.entries[0].reason
     assert not new.shortfalls and not old.shortfalls
     assert sum(e.rps_capacity for e in new.entries) >= rate
 
