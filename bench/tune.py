@@ -1,6 +1,7 @@
 """Choosing the shipped settings on the dev split only, by a stated rule.
 
-    .venv/bin/python -m bench.tune [--seeds 0,1,2] [--jobs 2] [--draws 1] [--variants A,B] [--out F] [--from-log F]
+    .venv/bin/python -m bench.tune [--seeds 0,1,2] [--jobs 2] [--draws 1] [--variants A,B] [--no-shipped] [--out F]
+                                   [--from-log F]
 
 Each variant is the shipped settings (rayscale/data/settings.yaml) with one or two knobs changed. Every
 variant runs the product (``rayscale``, no request mix declared) on the dev traffic of bench.eval_split only
@@ -108,6 +109,10 @@ def _feedback_variants(s: Settings) -> dict[str, Settings]:
         "feedback relaxes after 30 min of slack": replace(s, feedback=replace(fb, relax_hold_s=1800.0)),
         "feedback relaxes after 60 min of slack + tighten 1.0/h": replace(s, feedback=replace(
             fb, relax_hold_s=3600.0, tighten_per_h=1.0)),
+        # A relaxed factor returns to 1 once the record holds 1.5x the allowed misses (restore_below).
+        "feedback restores 1 at 1.5x the misses": replace(s, feedback=replace(fb, restore_below=-0.5)),
+        "feedback relaxes after 30 min of slack + restores 1 at 1.5x the misses": replace(s, feedback=replace(
+            fb, relax_hold_s=1800.0, restore_below=-0.5)),
         "feedback trims the burst floor to 0.75": replace(s, feedback=replace(fb, burst_floor_min_factor=0.75)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
@@ -272,9 +277,12 @@ def main() -> int:
     ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--out", default="bench/results/tune.md")
     ap.add_argument("--from-log", help="re-apply the rule to a run's printed progress lines instead of running")
+    ap.add_argument("--no-shipped", action="store_true",
+                    help="leave the shipped settings out (their rows from another run, joined with --from-log)")
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
-    names = [v for v in variants() if not args.variants or v in args.variants.split(",") or v == SHIPPED]
+    names = [v for v in variants() if not args.variants or v in args.variants.split(",")
+             or (v == SHIPPED and not args.no_shipped)]
     cases = [i for i, c in enumerate(CASES) if c[0] == "dev"]
     jobs = [(v, c, s, st, args.draws) for v in names for c in cases for s in seeds for st in STARTS]
     print(f"{len(jobs)} runs on {args.jobs} processes", flush=True)

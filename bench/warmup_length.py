@@ -59,11 +59,12 @@ def one(case: int, seed: int, draws: int, settings_file: str | None = None) -> d
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """One row per case and warm-up: SLO, $ and the factor at scoring over seeds; $ against one draw."""
+    """One row per case and warm-up: SLO, $ and the factor at scoring over seeds; $ against the fewest draws."""
     out = []
     for case in sorted({r["case"] for r in rows}):
         split, label = CASES[case][0], CASES[case][1]
-        base = statistics.mean(r["usd"] for r in rows if r["case"] == case and r["draws"] == 1) or 1.0
+        fewest = min(r["draws"] for r in rows if r["case"] == case)
+        base = statistics.mean(r["usd"] for r in rows if r["case"] == case and r["draws"] == fewest) or 1.0
         for draws in sorted({r["draws"] for r in rows if r["case"] == case}):
             rs = [r for r in rows if r["case"] == case and r["draws"] == draws]
             usd = statistics.mean(r["usd"] for r in rs)
@@ -71,7 +72,7 @@ def table(rows: list[dict[str, Any]]) -> str:
                         span([r["slo"] for r in rs], True), span([r["usd"] for r in rs], False),
                         span([r["factor"] for r in rs], False), f"{usd / base:.2f}x"])
     return format_table(["split", "traffic", "warm-up draws", "warm-up h", "seeds", "SLO min/mean/max",
-                         "$ min/mean/max", "factor at scoring", "$ vs 1 draw"], out)
+                         "$ min/mean/max", "factor at scoring", "$ vs fewest draws"], out)
 
 
 def main() -> int:

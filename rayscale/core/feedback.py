@@ -123,6 +123,11 @@ class FeedbackSettings:
     # shipped: bench.tune's one-draw steady state cannot see it, and there it cost 7.9% more on the minute
     # bursts (tune_relax_hold.md).
     relax_hold_s: float | None = None
+    # Below this slack (-1: the smoothed record holds twice the allowed misses) a relaxed factor returns to 1
+    # at once before it tightens (None: it only tightens, at tighten_per_h). Relaxing spends an hour of slack
+    # read in the past; once the misses say the load has changed, buying it back at tighten_per_h takes as long
+    # again, every minute of it below the goal.
+    restore_below: float | None = None
 
     def __post_init__(self) -> None:
         checks = {"time_constant_s": self.time_constant_s > 0, "relax_above": 0 <= self.relax_above < 1,
@@ -133,7 +138,8 @@ class FeedbackSettings:
                   "rise_above": self.rise_above is None or self.rise_above >= 0,
                   "burst_floor_min_factor": 0 < self.burst_floor_min_factor <= 1,
                   "window_miss_cap": self.window_miss_cap is None or self.window_miss_cap >= 1,
-                  "relax_hold_s": self.relax_hold_s is None or self.relax_hold_s >= 0}
+                  "relax_hold_s": self.relax_hold_s is None or self.relax_hold_s >= 0,
+                  "restore_below": self.restore_below is None or self.restore_below < 0}
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"FeedbackSettings.{name} is out of range, got {getattr(self, name)}")
@@ -211,7 +217,9 @@ def next_factor(record: Delivered, dt: float, goal: float, settings: FeedbackSet
             return record.factor
         return max(record.factor - settings.relax_per_h * hours, settings.min_factor)
     if slack < 0:
-        return min(record.factor + settings.tighten_per_h * min(-slack, 1.0) * hours, settings.max_factor)
+        restored = settings.restore_below is not None and slack < settings.restore_below
+        factor = max(record.factor, 1.0) if restored else record.factor
+        return min(factor + settings.tighten_per_h * min(-slack, 1.0) * hours, settings.max_factor)
     return record.factor
 
 

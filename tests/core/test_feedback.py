@@ -345,3 +345,19 @@ def test_the_record_notes_when_it_last_read_tight() -> None:
         after = delivered(after, _sig(600.0, 1.0), 30.0, float(t), GOAL, FB)
     assert after is not None and 30.0 < (after.tight_at_s or 0.0) < 7170.0
     assert _slack(after, GOAL) > FB.relax_above
+
+
+def test_with_restore_below_a_relaxed_factor_returns_to_1_once_misses_pass_it() -> None:
+    restore = replace(FB, restore_below=-0.5)
+    relaxed = 0.8
+    # Slack -1 (twice the allowed misses): past the threshold, so 1 and a step of tightening on top.
+    short = _record(1.0 - 2.0 * (1.0 - GOAL), factor=relaxed)
+    assert next_factor(short, 60.0, GOAL, restore) == pytest.approx(1.0 + FB.tighten_per_h / 60.0)
+    assert next_factor(short, 60.0, GOAL, FB) == pytest.approx(relaxed + FB.tighten_per_h / 60.0)
+    # Slack -0.25: a shortfall under the threshold only tightens.
+    near = _record(1.0 - 1.25 * (1.0 - GOAL), factor=relaxed)
+    assert next_factor(near, 60.0, GOAL, restore) == next_factor(near, 60.0, GOAL, FB) < 1.0
+    # A factor already over 1 is never lowered by it.
+    assert next_factor(replace(short, factor=1.05), 60.0, GOAL, restore) > 1.05
+    with pytest.raises(ValueError, match="restore_below"):
+        FeedbackSettings(restore_below=0.5)
