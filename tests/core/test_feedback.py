@@ -329,7 +329,8 @@ def test_with_a_hold_the_factor_relaxes_only_once_slack_has_held_that_long() -> 
     hold = replace(FB, relax_hold_s=1800.0)
     calm = replace(_record(1.0, factor=0.95), tight_at_s=-600.0)  # read tight 10 min ago
     assert next_factor(calm, 300.0, GOAL, hold) == 0.95
-    assert next_factor(calm, 300.0, GOAL, FB) < 0.95  # without a hold the record's age is all it asks
+    # without a hold the record's age is all it asks
+    assert next_factor(calm, 300.0, GOAL, replace(FB, relax_hold_s=None)) < 0.95
     assert next_factor(replace(calm, tight_at_s=-1800.0), 300.0, GOAL, hold) < 0.95
     assert next_factor(replace(calm, tight_at_s=None), 300.0, GOAL, hold) < 0.95  # never read tight
     with pytest.raises(ValueError, match="relax_hold_s"):
