@@ -7,8 +7,8 @@ bursts the model of one replica does not see needs more than it says. Neither is
 is. So the step keeps the share of finished requests that met both targets, smoothed over
 ``time_constant_s`` (weighted by requests, not windows), and a factor on each model's demand that it moves
 like an integral controller with a dead band: down by ``relax_per_h`` an hour while the delivered
-attainment is comfortably above the goal (once the record is ``relax_after_s`` old, and never below the
-arrivals of the last ``floor_window_s``), up by ``tighten_per_h`` (in proportion to the shortfall) while it
+attainment is comfortably above the goal (once the record is ``relax_after_s`` old and has read slack for
+``relax_hold_s`` on end, and never below the arrivals of the last ``floor_window_s``), up by ``tighten_per_h`` (in proportion to the shortfall) while it
 is below, and left alone in between. The shipped rates and bounds were chosen on the dev split
 (bench/results/tune.md). Like an error budget: misses not spent may be spent at the peaks, misses
 overspent are bought back. The rates are slow against a node start-up, so that what one change delivered
