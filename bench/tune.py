@@ -73,6 +73,9 @@ def _forecast_variants(s: Settings) -> dict[str, Settings]:
         "utilization 0.85": replace(s, estimate=replace(est, target_utilization=0.85)),
         "utilization 0.8 where bursts last": replace(s, estimate=replace(est, smooth_target_utilization=None)),
         "no burst floor": replace(s, estimate=replace(est, burst_floor=False)),
+        # Shipped since kv_correction.md: the batch a flavor's KV cache holds counts the tokens its running
+        # sequences were seen to hold (Correction.kv); without, the mix's mean request.
+        "KV bound by the mean request": replace(s, estimate=replace(est, kv_correction=False)),
         "seasonal (no peak hold)": replace(s, forecaster="seasonal"),
         "last value": replace(s, forecaster="last"),
         "trend starts flat": replace(s, trend_start="flat"),

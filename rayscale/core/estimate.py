@@ -52,7 +52,14 @@ from rayscale.core.catalog import SLO, Catalog, Profile, profile_key
 from rayscale.core.derived import derived
 from rayscale.core.forecast import Forecaster, last_value
 from rayscale.core.frozen import replaced
-from rayscale.core.signals import MIX_QUANTILES, MIX_WEIGHTS, Freshness, ModelSignals, RequestMix
+from rayscale.core.signals import (
+    MIX_QUANTILES,
+    MIX_WEIGHTS,
+    FlavorObservation,
+    Freshness,
+    ModelSignals,
+    RequestMix,
+)
 
 # Share of requests a replica's capacity serves within both SLO targets: issue 6's goal. The SLO's targets
 # are p95s; sizing for 99% leaves room for what the tail model leaves out (bursts within a minute).
@@ -61,16 +68,25 @@ DEFAULT_ATTAINMENT = 0.99
 
 @dataclass(frozen=True)
 class Correction:
-    """Multipliers on predicted latency for one (model, flavor): observed / predicted, smoothed."""
+    """Multipliers on one (model, flavor)'s profile (its latency, the KV tokens a sequence holds): observed /
+    predicted, smoothed."""
 
     ttft: float = 1.0
     tpot: float = 1.0
     # The per-request TPOT p95 the profile predicted for the last window (what ``tpot`` compared it with),
     # 0 before one: the next period's search for it starts there (attainment._crossing).
     tpot_p95_predicted_s: float = 0.0
+    # KV-cache tokens a running sequence holds, observed (vLLM's kv_cache_usage_perc x the profile's kv_tokens
+    # over num_requests_running) over the mix's prompt + output mean, which the KV bound on the batch assumes.
+    # The sequences in flight are not the mix's average request: a long answer stays in flight longer, so
+    # they are longer than it, and they hold their prompt and the answer so far (vLLM allocates blocks as
+    # tokens come; the simulator reserves the whole answer at admission). On the 72B day on L40S the
+    # fleet's queue built at 27 sequences a replica where the mean request fits 33 (bench/results/kv_correction.md).
+    kv: float = 1.0
 
     def updated(self, observed_ttft: float | None, predicted_ttft: float, observed_tpot: float | None,
-                predicted_tpot: float, smoothing: float = 0.3, lo: float = 0.5, hi: float = 3.0) -> Correction:
+                predicted_tpot: float, smoothing: float = 0.3, lo: float = 0.5, hi: float = 3.0,
+                observed_kv: float | None = None, predicted_kv: float = 0.0) -> Correction:
         def step(old: float, obs: float | None, pred: float) -> float:
             if obs is None or pred <= 0 or obs <= 0:
                 return old
@@ -78,7 +94,8 @@ class Correction:
             return (1 - smoothing) * old + smoothing * ratio
 
         return Correction(step(self.ttft, observed_ttft, predicted_ttft),
-                          step(self.tpot, observed_tpot, predicted_tpot), predicted_tpot)
+                          step(self.tpot, observed_tpot, predicted_tpot), predicted_tpot,
+                          step(self.kv, observed_kv, predicted_kv))
 
 
 class ReplicaCapacity(NamedTuple):
@@ -258,9 +275,8 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
     sizes, by_mix = _shared(mixes, lambda m: (m.prompt_p95, max(m.prompt_mean + m.output_mean, 1.0)))
     p95, request_tokens = np.array(sizes, dtype=float).reshape(-1, 2)[by_mix].T
     ttft_floor = rows.corr_ttft * (rows.overhead_s + p95 / rows.prefill_tokens_per_s + rows.quad_s * p95 * p95)
-    kv_tokens, max_num_seqs = _profile_columns(profiles)[:, 7:].T
-    kv_fit = np.floor(kv_tokens / request_tokens)
-    high = np.minimum(kv_fit, max_num_seqs)
+    kv_fit, kv_batch, max_num_seqs = _kv_bound(profiles, request_tokens, corrs)
+    high = np.minimum(kv_batch, max_num_seqs)
     floor_ok = (ttft_floor <= rows.ttft_slo) & (kv_fit >= 1)
     batch = largest_load(rows, high, allowed, None if guesses is None else np.array(guesses, dtype=float), alone)
     ok = floor_ok & (batch > 0)  # batch 0: even an idle replica misses more than allowed
@@ -291,6 +307,18 @@ def replica_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mixes: 
                                  float(kv_fit[i]), (idle, idle_at[i]) if i in idle_at else None, allowed)
         append(ReplicaCapacity(p.flavor, 0.0, 0.0, 0.0, fl, reason=why))
     return out
+
+
+def _kv_bound(profiles: Sequence[Profile], request_tokens: npt.NDArray[np.float64],
+              corrs: Sequence[Correction]) -> tuple[npt.NDArray[np.float64], ...]:
+    """Per row: the mean requests its KV cache holds (below 1: none fits, the flavor is out), the sequences
+    it runs at once by the observed KV tokens each holds (Correction.kv; at least 1 where a request fits),
+    and max_num_seqs."""
+    kv_tokens, max_num_seqs = _profile_columns(profiles)[:, 7:].T
+    kv_fit = np.floor(kv_tokens / request_tokens)
+    held = np.array([c.kv for c in corrs], dtype=float)
+    kv_batch = np.where(kv_fit >= 1, np.maximum(np.floor(kv_tokens / (request_tokens * held)), 1.0), kv_fit)
+    return kv_fit, kv_batch, max_num_seqs
 
 
 def _infeasible_reason(pr: Profile, s: SLO, m: RequestMix, c: Correction, ttft_floor: float, kv_fit: float,
@@ -335,9 +363,8 @@ def best_effort_capacities(profiles: Sequence[Profile], slos: Sequence[SLO], mix
     # whose idle replica misses (nearly) everything is searched for the largest stable load.
     limit = np.where(idle + allowed < 2.0 - 1e-6, idle + allowed, 2.0 - 1e-9)
     request_tokens = np.array([max(m.prompt_mean + m.output_mean, 1.0) for m in mixes], dtype=float)
-    kv_tokens, max_num_seqs = _profile_columns(profiles)[:, 7:].T
-    kv_fit = np.floor(kv_tokens / request_tokens)
-    batch = largest_load(rows, np.minimum(kv_fit, max_num_seqs), limit)
+    kv_fit, kv_batch, max_num_seqs = _kv_bound(profiles, request_tokens, corrs)
+    batch = largest_load(rows, np.minimum(kv_batch, max_num_seqs), limit)
     batch = np.where(kv_fit >= 1, batch, 0.0)
     load = np.maximum(batch, LOAD_FLOOR)
     rate, tpot_mean = rate_at(rows, load)
@@ -410,6 +437,9 @@ class EstimateSettings:
     # When no flavor meets a model's SLO for its mix, size it with best-effort capacities (serve the demand
     # with the fewest misses) rather than none, which orders nothing and fails every request.
     best_effort: bool = True
+    # Bound each flavor's batch by the KV tokens its running sequences were seen to hold (Correction.kv)
+    # rather than by the mix's mean request alone (false: the mean request).
+    kv_correction: bool = True
 
     def __post_init__(self) -> None:
         for name in ("target_utilization", "smooth_target_utilization"):
@@ -657,14 +687,16 @@ def correction_smoothing(period_s: float, time_constant_s: float = CORRECTION_TI
 def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
                        previous: dict[tuple[str, str], Correction],
                        min_samples: float = MIN_CORRECTION_SAMPLES,
-                       smoothing: float = 0.3) -> dict[tuple[str, str], Correction]:
-    """New corrections from observed latency per (model, flavor); unobserved pairs keep theirs, and so do
-    pairs whose window finished fewer than ``min_samples`` requests (when the count is known).
+                       smoothing: float = 0.3, kv: bool = True) -> dict[tuple[str, str], Correction]:
+    """New corrections from observed latency (and, with ``kv``, the KV tokens a running sequence holds) per
+    (model, flavor); unobserved pairs keep theirs, and so do pairs whose window finished fewer than
+    ``min_samples`` requests (when the count is known).
     ``smoothing``: weight of this window (``correction_smoothing(period)`` in the loops)."""
     # Predictions with the prefill the estimate sizes with: observed prefix-cache hits are not a fast profile.
     scales = prefix_scales(catalog, signals)
     out = dict(previous)
-    todo: list[tuple[tuple[str, str], Profile, SLO, RequestMix, float, float | None, float, float | None, float]] = []
+    todo: list[tuple[tuple[str, str], Profile, SLO, RequestMix, float, float | None, float, float | None, float,
+                     tuple[float | None, float]]] = []
     for name, sig in signals.items():
         if name not in catalog.models or not sig.usable or sig.mix is None:
             continue
@@ -696,15 +728,25 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
             else:
                 ttft_obs, ttft_pred = obs.ttft_p95_s, prof.ttft_s(mix.prompt_p95, prefill_scale=scale)
             todo.append(((name, flavor), prof, catalog.models[name].slo, mix, batch, ttft_obs, ttft_pred,
-                         obs.tpot_p95_s, scale))
+                         obs.tpot_p95_s, scale, (_kv_held(prof, obs, min_samples) if kv else None,
+                                                 max(sig.mix.prompt_mean + sig.mix.output_mean, 1.0))))
     if not todo:
         return out
     # Every pair's predicted TPOT p95 in one call: the tail model's cost is per call, not per row.
-    key_, prof_, slo_, mix_, batch_, _, _, _, scale_ = zip(*todo, strict=True)
+    key_, prof_, slo_, mix_, batch_, _, _, _, scale_, _ = zip(*todo, strict=True)
     rows = rows_of(prof_, slo_, mix_, [Correction()] * len(todo), prefill_scale=np.array(scale_, dtype=float))
     guess = np.array([previous[k].tpot_p95_predicted_s if k in previous else 0.0 for k in key_], dtype=float)
     predicted = tpot_quantile(rows, np.maximum(np.array(batch_, dtype=float), LOAD_FLOOR), guess=guess).tolist()
-    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs, _), tpot_pred in zip(todo, predicted, strict=True):
+    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs, _, kv), tpot_pred in zip(todo, predicted, strict=True):
         out[k] = previous.get(k, Correction()).updated(ttft_obs, ttft_pred, tpot_obs, tpot_pred,
-                                                       smoothing=smoothing)
+                                                       smoothing=smoothing, observed_kv=kv[0], predicted_kv=kv[1])
     return out
+
+
+def _kv_held(profile: Profile, obs: FlavorObservation, min_sequences: float) -> float | None:
+    """KV-cache tokens a running sequence held on this flavor over the window (None: unknown, or too few
+    sequences running to say: a few long ones would read as the whole mix)."""
+    running = obs.running_per_replica
+    if obs.kv_usage is None or running is None or running < min_sequences or obs.kv_usage <= 0:
+        return None
+    return obs.kv_usage * profile.kv_tokens / running

@@ -83,6 +83,9 @@ class FlavorObservation:
     # Prompt tokens these replicas found in their prefix caches over those looked up (vLLM's
     # prefix_cache_hits / prefix_cache_queries). None: not observed.
     prefix_hit_rate: float | None = None
+    # The share of these replicas' KV caches in use (vLLM's kv_cache_usage_perc, their mean), read with
+    # running_per_replica: the KV tokens a running sequence holds (Correction.kv). None: not known.
+    kv_usage: float | None = None
 
 
 @dataclass(frozen=True)

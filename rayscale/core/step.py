@@ -94,7 +94,7 @@ def step(ctx: StepContext) -> StepResult:
     cfg, state, catalog = ctx.settings, ctx.state, ctx.catalog
     signals, history, next_history_s, last_mix = _with_history(ctx)
     corrections = update_corrections(catalog, dict(signals), dict(state.corrections),
-                                     smoothing=correction_smoothing(cfg.period_s))
+                                     smoothing=correction_smoothing(cfg.period_s), kv=cfg.estimate.kv_correction)
     horizon_s = state.horizon_s if state.horizon_s is not None else horizon_of(catalog, cfg)
     forecaster = _forecaster(cfg, horizon_s)
     demands = estimate(catalog, dict(signals), corrections, forecaster, cfg.estimate,

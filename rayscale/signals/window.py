@@ -484,6 +484,7 @@ def _flavor_observations(model: str, per_flavor: Mapping[tuple[str, str], _Acc],
             # A histogram's _sum/_count is exact where its buckets (from 0.3 s) are too coarse.
             prefill_mean_s=fa.counters.get(PREFILL + "_sum", 0.0) / pn if pn else None,
             prefix_hit_rate=prefix_hit_rate(fa.counters),
+            kv_usage=sum(kv) / len(kv) if (kv := fa.gauges.get(KV)) else None,
         )
     return flav
 

@@ -294,6 +294,7 @@ class Simulation:
                 prefill_mean_s=(float(np.mean(eng.ttft[sel] - eng.queue_s[sel], dtype=np.float64))
                                 if len(sel) else None),
                 prefix_hit_rate=eng.prefix_hit_rate(now, self.cfg.signal_window_s, i),
+                kv_usage=self._kv_usage_on(i),
             )
         return per_flavor
 
@@ -345,6 +346,12 @@ class Simulation:
         eng = self.engine
         sel = (eng.r_flavor[: eng.nr] == flavor_index) & (eng.r_state[: eng.nr] != 2)
         return float(eng.r_run[: eng.nr][sel].sum())
+
+    def _kv_usage_on(self, flavor_index: int) -> float | None:
+        eng = self.engine
+        sel = (eng.r_flavor[: eng.nr] == flavor_index) & (eng.r_state[: eng.nr] != 2)
+        cap = float(eng.r_kvcap[: eng.nr][sel].sum())
+        return float(eng.r_kv[: eng.nr][sel].sum()) / cap if cap > 0 else None
 
     # --- the loop ------------------------------------------------------------------------------
 

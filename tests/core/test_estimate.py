@@ -52,6 +52,40 @@ def test_kv_cache_bounds_the_batch() -> None:
     assert cap.batch == 3.0
 
 
+def test_the_kv_tokens_running_sequences_hold_bound_the_batch() -> None:
+    """In flight, long answers outnumber their share of requests: sequences that hold 1.5x the mean request's
+    tokens fit two thirds as many in the cache (Correction.kv), never fewer than one, and a request too big
+    for the cache still rules the flavor out."""
+    slo = SLO(ttft_p95_s=2.0, tpot_p95_s=0.1)
+    small = PROF.model_copy(update={"kv_tokens": 15 * 1200})
+    assert replica_capacity(small, slo, MIX, target_utilization=1.0).batch == 15.0
+    held = replica_capacity(small, slo, MIX, Correction(kv=1.5), target_utilization=1.0)
+    assert held.batch == 10.0
+    assert replica_capacity(small, slo, MIX, Correction(kv=100.0), target_utilization=1.0).batch == 1.0
+    tiny = PROF.model_copy(update={"kv_tokens": 1000})
+    assert not replica_capacity(tiny, slo, MIX, Correction(kv=0.5)).feasible
+
+
+def test_the_kv_correction_follows_the_tokens_a_running_sequence_holds() -> None:
+    """vLLM's KV usage x the cache over the running sequences, against the mix's prompt + output mean;
+    a window with few sequences running (a few long ones would read as the mix) or no KV gauge keeps it."""
+    cat = load_catalog()
+    prof = cat.profile("mistral-7b", "a10g")
+
+    def sig(running: float, usage: float | None) -> ModelSignals:
+        return ModelSignals("mistral-7b", Freshness.FRESH, 1.0, 0.1, MIX, per_flavor={
+            "a10g": FlavorObservation(replicas=2, running_per_replica=running, kv_usage=usage)})
+
+    usage = 20 * 1.5 * 1200 / prof.kv_tokens  # 20 sequences of 1,800 tokens each
+    c = update_corrections(cat, {"mistral-7b": sig(20, usage)}, {})
+    assert c[("mistral-7b", "a10g")].kv == pytest.approx(0.7 + 0.3 * 1.5)
+    for _ in range(50):
+        c = update_corrections(cat, {"mistral-7b": sig(20, usage)}, c)
+    assert c[("mistral-7b", "a10g")].kv == pytest.approx(1.5, rel=1e-3)
+    assert update_corrections(cat, {"mistral-7b": sig(3, usage)}, {})[("mistral-7b", "a10g")].kv == 1.0
+    assert update_corrections(cat, {"mistral-7b": sig(20, None)}, {})[("mistral-7b", "a10g")].kv == 1.0
+
+
 def test_looser_slo_and_faster_profile_give_more_capacity() -> None:
     tight = replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.06), MIX)
     loose = replica_capacity(PROF, SLO(ttft_p95_s=2, tpot_p95_s=0.12), MIX)

@@ -11,6 +11,7 @@ from rayscale.signals.window import (
     E2E,
     GEN,
     GEN_HIST,
+    KV,
     PREFILL,
     PREFIXES,
     PROMPT,
@@ -94,6 +95,23 @@ def test_busiest_replica_batch_is_its_mean_over_the_window() -> None:
     obs = sig.per_flavor["a10g"]
     assert obs.running_max_replica == pytest.approx(30.0)  # r1's mean over the three scrapes
     assert obs.running_per_replica == pytest.approx(11.0)  # the last scrape, spread over both
+
+
+def test_a_flavors_kv_usage_is_its_replicas_mean_at_the_last_scrape() -> None:
+    """Read with running_per_replica (the last scrape, spread over the replicas) it gives the KV tokens a
+    running sequence holds (rayscale.core.estimate's Correction.kv)."""
+    def scrape(t: float, a_kv: float, b_kv: float) -> Scrape:
+        a = _rep("m", "a10g", "r1", t, t, t, 0, {})
+        b = _rep("m", "a10g", "r2", t, t, t, 0, {})
+        a[(KV, labels(model="m", flavor="a10g", ReplicaId="r1"))] = a_kv
+        b[(KV, labels(model="m", flavor="a10g", ReplicaId="r2"))] = b_kv
+        return Scrape(t, {**a, **b})
+
+    sig = aggregate([scrape(0, 0.1, 0.1), scrape(10, 0.9, 0.5)], now=10.0)["m"]
+    assert sig.per_flavor["a10g"].kv_usage == pytest.approx(0.7)
+    assert sig.kv_usage == pytest.approx(0.9)  # the model's: its fullest replica
+    plain = [Scrape(0.0, _rep("m", "a10g", "r1", 0, 1, 1, 0, {})), Scrape(10.0, _rep("m", "a10g", "r1", 10, 5, 5, 0, {}))]
+    assert aggregate(plain, now=10.0)["m"].per_flavor["a10g"].kv_usage is None
 
 
 def test_counter_reset_counts_from_zero() -> None:

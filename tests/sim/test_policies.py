@@ -161,6 +161,25 @@ def test_signals_count_completions_and_prefill_time_per_flavor():
     assert sig.slo_met is not None and sig.slo_met <= (ttft_ok & tpot_ok).mean() + 1e-12
 
 
+def test_signals_report_each_flavors_kv_cache_in_use():
+    """Mid-run, a flavor's KV usage is the whole prompt + answer of every request in flight on its live
+    replicas over their caches (the engine reserves both at admission)."""
+    sim = Simulation(CAT, TRACE.window(0, 900), StockPolicy(), SimConfig(seed=1))
+    sim.begin()
+    while sim.now < 300.0:
+        sim.tick()
+    eng, obs = sim.engine, sim.signals(sim.now).per_flavor
+    assert obs
+    for f, o in obs.items():
+        i = sim.flavors.index(f)
+        alive = np.flatnonzero(eng.p_tfirst[: eng.m] != np.inf)
+        mine = alive[eng.r_flavor[eng.p_rep[alive]] == i]
+        live = (eng.r_flavor[: eng.nr] == i) & (eng.r_state[: eng.nr] != 2)
+        held = (sim.prompt[eng.p_req[mine]] + sim.output[eng.p_req[mine]]).sum()
+        assert held > 0
+        assert o.kv_usage == pytest.approx(held / eng.r_kvcap[: eng.nr][live].sum())
+
+
 def test_warmup_scores_only_later_requests_and_later_cost(results):
     # static-peak runs one fleet from t=0 to the end: cost after the warm-up is that fleet for the rest.
     full = results["static-peak"]
