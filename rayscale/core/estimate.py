@@ -737,9 +737,9 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
     rows = rows_of(prof_, slo_, mix_, [Correction()] * len(todo), prefill_scale=np.array(scale_, dtype=float))
     guess = np.array([previous[k].tpot_p95_predicted_s if k in previous else 0.0 for k in key_], dtype=float)
     predicted = tpot_quantile(rows, np.maximum(np.array(batch_, dtype=float), LOAD_FLOOR), guess=guess).tolist()
-    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs, _, kv), tpot_pred in zip(todo, predicted, strict=True):
+    for (k, _, _, _, _, ttft_obs, ttft_pred, tpot_obs, _, held), tpot_pred in zip(todo, predicted, strict=True):
         out[k] = previous.get(k, Correction()).updated(ttft_obs, ttft_pred, tpot_obs, tpot_pred,
-                                                       smoothing=smoothing, observed_kv=kv[0], predicted_kv=kv[1])
+                                                       smoothing=smoothing, observed_kv=held[0], predicted_kv=held[1])
     return out
 
 
