@@ -81,7 +81,8 @@ class Correction:
     # The sequences in flight are not the mix's average request: a long answer stays in flight longer, so
     # they are longer than it, and they hold their prompt and the answer so far (vLLM allocates blocks as
     # tokens come; the simulator reserves the whole answer at admission). On the 72B day on L40S the
-    # fleet's queue built at 27 sequences a replica where the mean request fits 33 (bench/results/kv_correction.md).
+    # fleet's queue built at 27 sequences a replica where the mean request fits 33, and the day met 93.42%
+    # on one seed (bench/results/eval_models_kv.md; dev: tune_kv.md).
     kv: float = 1.0
 
     def updated(self, observed_ttft: float | None, predicted_ttft: float, observed_tpot: float | None,
