@@ -83,15 +83,18 @@ def test_output_mean_counts_finished_requests_only_when_the_engine_reports_them(
     assert sig.mix is not None and sig.mix.output_mean == pytest.approx(32.0)
 
 
-def test_busiest_replica_batch_is_its_mean_over_the_window() -> None:
-    def scrape(t: float, busy: float, idle: float) -> Scrape:
-        a = _rep("m", "a10g", "r1", t, t, t, 0, {})
-        b = _rep("m", "a10g", "r2", t, t, t, 0, {})
-        a[(RUNNING, labels(model="m", flavor="a10g", ReplicaId="r1"))] = busy
-        b[(RUNNING, labels(model="m", flavor="a10g", ReplicaId="r2"))] = idle
-        return Scrape(t, {**a, **b})
+def _two_replicas(t: float, gauge: str, r1: float, r2: float) -> Scrape:
+    """A scrape of two a10g replicas of model m whose ``gauge`` reads r1 and r2."""
+    a = _rep("m", "a10g", "r1", t, t, t, 0, {})
+    b = _rep("m", "a10g", "r2", t, t, t, 0, {})
+    a[(gauge, labels(model="m", flavor="a10g", ReplicaId="r1"))] = r1
+    b[(gauge, labels(model="m", flavor="a10g", ReplicaId="r2"))] = r2
+    return Scrape(t, {**a, **b})
 
-    sig = aggregate([scrape(0, 30, 0), scrape(5, 40, 0), scrape(10, 20, 2)], now=10.0)["m"]
+
+def test_busiest_replica_batch_is_its_mean_over_the_window() -> None:
+    sig = aggregate([_two_replicas(0, RUNNING, 30, 0), _two_replicas(5, RUNNING, 40, 0),
+                     _two_replicas(10, RUNNING, 20, 2)], now=10.0)["m"]
     obs = sig.per_flavor["a10g"]
     assert obs.running_max_replica == pytest.approx(30.0)  # r1's mean over the three scrapes
     assert obs.running_per_replica == pytest.approx(11.0)  # the last scrape, spread over both
@@ -100,14 +103,7 @@ def test_busiest_replica_batch_is_its_mean_over_the_window() -> None:
 def test_a_flavors_kv_usage_is_its_replicas_mean_at_the_last_scrape() -> None:
     """Read with running_per_replica (the last scrape, spread over the replicas) it gives the KV tokens a
     running sequence holds (rayscale.core.estimate's Correction.kv)."""
-    def scrape(t: float, a_kv: float, b_kv: float) -> Scrape:
-        a = _rep("m", "a10g", "r1", t, t, t, 0, {})
-        b = _rep("m", "a10g", "r2", t, t, t, 0, {})
-        a[(KV, labels(model="m", flavor="a10g", ReplicaId="r1"))] = a_kv
-        b[(KV, labels(model="m", flavor="a10g", ReplicaId="r2"))] = b_kv
-        return Scrape(t, {**a, **b})
-
-    sig = aggregate([scrape(0, 0.1, 0.1), scrape(10, 0.9, 0.5)], now=10.0)["m"]
+    sig = aggregate([_two_replicas(0, KV, 0.1, 0.1), _two_replicas(10, KV, 0.9, 0.5)], now=10.0)["m"]
     assert sig.per_flavor["a10g"].kv_usage == pytest.approx(0.7)
     assert sig.kv_usage == pytest.approx(0.9)  # the model's: its fullest replica
     plain = [Scrape(0.0, _rep("m", "a10g", "r1", 0, 1, 1, 0, {})), Scrape(10.0, _rep("m", "a10g", "r1", 10, 5, 5, 0, {}))]
