@@ -79,8 +79,9 @@ class Correction:
     # KV-cache tokens a running sequence holds, observed (vLLM's kv_cache_usage_perc x the profile's kv_tokens
     # over num_requests_running) over the mix's prompt + output mean, which the KV bound on the batch assumes.
     # The sequences in flight are not the mix's average request: a long answer stays in flight longer, so
-    # they are longer than it, and they hold their prompt and the answer so far (vLLM allocates blocks as
-    # tokens come; the simulator reserves the whole answer at admission). On the 72B day on L40S the
+    # they are longer than it, and they hold their prompt and the answer so far (vLLM allocates blocks for
+    # the tokens each step schedules, vllm/v1/core/sched/scheduler.py allocate_slots, and preempts when
+    # none are free; the simulator reserves the whole answer at admission). On the 72B day on L40S the
     # fleet's queue built at 27 sequences a replica where the mean request fits 33, and the day met 93.42%
     # on one seed (bench/results/eval_models_kv.md; dev: tune_kv.md).
     kv: float = 1.0

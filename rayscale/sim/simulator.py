@@ -27,7 +27,7 @@ from rayscale.core.settings import Settings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, CloudTotals, Cluster
-from rayscale.sim.engine import DONE, FAILED, EngineConfig, make_engine, p95
+from rayscale.sim.engine import DONE, FAILED, STOPPED, EngineConfig, make_engine, p95
 from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
 from rayscale.sim.trace import Trace
 
@@ -342,14 +342,15 @@ class Simulation:
         out = np.concatenate(parts[::-1]) if parts else np.zeros(0, dtype=np.int64)
         return out[-k:] if len(out) > k else out
 
-    def _running_on(self, flavor_index: int) -> float:
+    def _live_on(self, flavor_index: int) -> npt.NDArray[np.bool_]:
         eng = self.engine
-        sel = (eng.r_flavor[: eng.nr] == flavor_index) & (eng.r_state[: eng.nr] != 2)
-        return float(eng.r_run[: eng.nr][sel].sum())
+        return (eng.r_flavor[: eng.nr] == flavor_index) & (eng.r_state[: eng.nr] != STOPPED)
+
+    def _running_on(self, flavor_index: int) -> float:
+        return float(self.engine.r_run[: self.engine.nr][self._live_on(flavor_index)].sum())
 
     def _kv_usage_on(self, flavor_index: int) -> float | None:
-        eng = self.engine
-        sel = (eng.r_flavor[: eng.nr] == flavor_index) & (eng.r_state[: eng.nr] != 2)
+        eng, sel = self.engine, self._live_on(flavor_index)
         cap = float(eng.r_kvcap[: eng.nr][sel].sum())
         return float(eng.r_kv[: eng.nr][sel].sum()) / cap if cap > 0 else None
 
