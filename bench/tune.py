@@ -83,6 +83,9 @@ def _forecast_variants(s: Settings) -> dict[str, Settings]:
         # or two is the burst floor's and the peak hold's, not a trend (rayscale.core.forecast.without_spikes).
         "trend ignores 1-2 minute spikes": replace(s, spike_windows=3),
         "scale-down delay 300 s": replace(s, planner=replace(pl, downscale_delay_s=300.0)),
+        # Shipped since tune_rise_room.md: the peak hold and the burst floor hold at most the rate now plus the
+        # largest rise the history shows within one forecast horizon (Settings.hold_rise_room).
+        "peak hold and burst floor without rise room": replace(s, hold_rise_room=False),
         "peak hold 60 min": replace(s, peak_hold_s=3600.0),
         "peak hold 20 min": replace(s, peak_hold_s=1200.0),
         "peak hold 10 min": replace(s, peak_hold_s=600.0),

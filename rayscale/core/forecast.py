@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import math
@@ -88,6 +89,28 @@ def without_spikes(history: Sequence[float], windows: int) -> list[float]:
     return [min(xs[max(0, i - windows + 1):i + 1]) for i in range(len(xs))]
 
 
+def rise_room(history: Sequence[float], windows: int) -> float:
+    """The largest rise of the rate within any ``windows`` consecutive windows of ``history`` (oldest first):
+    how far above any rate the load has shown it can climb in that long. Unbounded (inf) while the history
+    spans less than that: a rise it has not had the time to show is not known to be small."""
+    xs, windows = tuple(history), max(1, windows)
+    return _rise_room(xs, windows) if len(xs) > windows else math.inf
+
+
+@functools.lru_cache(maxsize=4096)
+def _rise_room(xs: tuple[float, ...], windows: int) -> float:
+    best, low = 0.0, collections.deque[int]()  # indices of an increasing run of the window's lows
+    for i, x in enumerate(xs):
+        while low and low[0] < i - windows:
+            low.popleft()
+        if low:
+            best = max(best, x - xs[low[0]])
+        while low and xs[low[-1]] >= x:
+            low.pop()
+        low.append(i)
+    return best
+
+
 def line_ahead(history: Sequence[float], ahead: float) -> float:
     """Where the least-squares line through ``history`` (one rate per window, oldest first) is ``ahead``
     windows after its last point; 0 with fewer than three points."""
@@ -150,6 +173,10 @@ class Seasonal:
     - ``peak_window`` > 0: never less than the highest rate of the last ``peak_window`` windows. Load that
       comes and goes faster than capacity can start cannot be followed; this holds capacity for it
       instead of ordering it after each spike and letting it go before the next (0: off).
+    - ``hold_rise_room``: the peak held is at most the current rate plus the largest rise the history shows
+      within one ``horizon`` (``rise_room``): a load that falls as a level (a day's descent) cannot be back
+      at its peak before capacity ordered now has started, so the hold follows it down one horizon's rise
+      above it; a burst rises from the base to its peak within the horizon, and its peak stays held.
     """
 
     alpha: float = 0.5
@@ -161,13 +188,17 @@ class Seasonal:
     peak_window: int = 0
     flat_start: bool = False
     spike_windows: int = 1
+    hold_rise_room: bool = False
 
     def __call__(self, history: Sequence[float], current: float) -> float:
         m = _season_of(tuple(history), self.min_season, self.threshold)
         f = TrendSeasonal(self.alpha, self.beta, self.gamma, m, self.horizon, self.flat_start,
                           self.spike_windows)(history, current)
-        if self.peak_window > 0:
-            f = max(f, *history[-self.peak_window:]) if len(history) else f
+        if self.peak_window > 0 and len(history):
+            peak = max(history[-self.peak_window:])
+            if peak > f and self.hold_rise_room:
+                peak = min(peak, current + rise_room(history, self.horizon))
+            f = max(f, peak)
         return f
 
 

@@ -50,6 +50,10 @@ class Settings:
     # The peak forecaster never forecasts below the highest rate of this long a past (its peak hold): load
     # that comes and goes faster than capacity starts is held for, not chased (rayscale.core.forecast).
     peak_hold_s: float = 1800.0
+    # The peak hold and the burst floor hold at most the rate arriving plus the largest rise the rate history
+    # shows within one forecast horizon (rayscale.core.forecast.rise_room): a level that falls cannot be back
+    # before capacity ordered now starts; a burst climbs from its base within the horizon and stays held.
+    hold_rise_room: bool = True
     # The forecaster sees one arrival rate per history window, up to history_len of them: two hours, so a
     # pattern repeating every 30 min is seen twice before it is trusted (rayscale.core.forecast).
     history_window_s: float = 60.0

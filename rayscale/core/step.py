@@ -28,7 +28,7 @@ from rayscale.core.estimate import (
     update_corrections,
 )
 from rayscale.core.feedback import Delivered, delivered
-from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal, line_ahead
+from rayscale.core.forecast import FORECASTERS, Forecaster, Seasonal, line_ahead, rise_room
 from rayscale.core.frozen import replaced
 from rayscale.core.plan import AloneShares, Plan, PlannerMemory, bursts_last, plan
 from rayscale.core.settings import Settings
@@ -101,6 +101,7 @@ def step(ctx: StepContext) -> StepResult:
                        None if state.demands is None else dict(state.demands))
     alone_share = _alone_share(catalog, demands, corrections, cfg, signals)
     before = _after_interruptions(ctx)
+    demands = _with_burst_room(demands, signals, cfg, horizon_s)
     demands = _with_feedback(demands, before, cfg, ctx.now, signals)
     demands = _with_rise(demands, signals, cfg, horizon_s)
     demands = _with_smooth_utilization(demands, before, cfg, signals, horizon_s)
@@ -280,6 +281,31 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
     return out
 
 
+def _with_burst_room(demands: Mapping[str, Demand], signals: Mapping[str, ModelSignals], cfg: Settings,
+                     horizon_s: float) -> dict[str, Demand]:
+    """Each burst floor, scaled down where the rate history's busiest window of the hour the floor replays is
+    above what the arrivals could climb back to within one forecast horizon: the rate now (plus two Poisson
+    deviations of its window) plus the history's largest rise in that long (Settings.hold_rise_room). The
+    floor of a level that has fallen follows it, as the peak hold does. Both ends are read on the same
+    clock-aligned windows: a minute-long burst split across two of them shows half its height in each,
+    and against the floor's busiest 60 s of any alignment it read as a level that had fallen."""
+    out = dict(demands)
+    if not cfg.hold_rise_room:
+        return out
+    windows = max(1, round(horizon_s / cfg.history_window_s))
+    replayed = max(1, round(cfg.burst_history_s / cfg.history_window_s))
+    for name, d in demands.items():
+        sig = signals.get(name)
+        if d.burst_rps <= 0 or sig is None or sig.arrival_rate_rps is None or not sig.rate_history:
+            continue
+        busiest = max(sig.rate_history[-replayed:])
+        now = sig.arrival_rate_rps
+        room = now + 2.0 * math.sqrt(now / max(cfg.window_s, 1e-9)) + rise_room(sig.rate_history, windows)
+        if room < busiest:
+            out[name] = replace(d, burst_rps=d.burst_rps * room / busiest)
+    return out
+
+
 def _with_rise(demands: Mapping[str, Demand], signals: Mapping[str, ModelSignals], cfg: Settings,
                horizon_s: float) -> dict[str, Demand]:
     """Each sized demand with the rate its recent line reaches one forecast horizon ahead (Demand.rise_rps),
@@ -394,7 +420,7 @@ def _forecaster(cfg: Settings, horizon_s: float) -> Forecaster:
         fc = replace(fc, horizon=max(1, round(horizon_s / window_s)), flat_start=cfg.trend_start == "flat",
                      spike_windows=cfg.spike_windows)
     if isinstance(fc, Seasonal) and fc.peak_window > 0:
-        fc = replace(fc, peak_window=_peak_windows(cfg))
+        fc = replace(fc, peak_window=_peak_windows(cfg), hold_rise_room=cfg.hold_rise_room)
     return fc
 
 

@@ -184,3 +184,31 @@ def test_a_model_whose_bursts_last_runs_hotter_once_its_slo_record_earned_it_whi
         assert ("utilisation (bursts last, SLO met)" in d.reason) == earned  # the plan says why
         shipped = step(replace(ctx, state=state, settings=Settings())).demands["mistral-7b"]
         assert (d.rps, d.burst_rps) == (shipped.rps, shipped.burst_rps)  # the demand is not rescaled
+
+
+@pytest.mark.parametrize("history", ["descent", "bursts", "split bursts"])
+def test_a_burst_floor_follows_a_fallen_level_and_holds_a_burst_that_climbs_within_a_horizon(history: str) -> None:
+    import math
+    from dataclasses import replace
+
+    from rayscale.config import load_catalog
+
+    cat = load_catalog().subset(["mistral-7b"], ["l40s"])
+    # The last hour at 5-s bins: 40 min at 12 req/s, then 20 min at 3 req/s.
+    counts = (60.0,) * 480 + (15.0,) * 240
+    rates = {"descent": tuple(3.0 + 0.15 * i for i in range(60)) + tuple(12.0 - 0.45 * i for i in range(21)),
+             "bursts": (3.0,) * 50 + (12.0,) * 10 + (3.0,) * 21,
+             # A minute at 12 req/s across two clock minutes: each window reads half of it.
+             "split bursts": (3.0,) * 50 + (7.5, 7.5) + (3.0,) * 29}[history]
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 3.0, SHORT, waiting=0.0, arrival_counts=counts,
+                       arrival_bin_s=5.0)
+    state = StepState(rate_history={"mistral-7b": rates}, next_history_s=7260.0)
+    ctx = StepContext(7200.0, cat, {"mistral-7b": sig}, (), ServeView({}, {}), Settings(), state)
+    held = step(replace(ctx, settings=replace(Settings(), hold_rise_room=False))).demands["mistral-7b"]
+    d = step(ctx).demands["mistral-7b"]
+    assert held.burst_rps > 10.0  # the replay of the hour: about its busiest minute
+    if history == "descent":  # 0.15 req/s a window for 15 windows over the 3 req/s arriving (and its noise)
+        room = 3.0 + 2.0 * math.sqrt(3.0 / Settings().window_s) + 15 * 0.15
+        assert d.burst_rps == pytest.approx(held.burst_rps * room / 12.0, rel=0.02)
+    else:  # the burst climbed from the rate now within a window: it can be back before capacity starts
+        assert d.burst_rps == held.burst_rps

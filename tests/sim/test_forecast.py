@@ -12,6 +12,7 @@ from rayscale.core.forecast import (
     TrendSeasonal,
     detect_season,
     line_ahead,
+    rise_room,
     without_spikes,
 )
 from rayscale.core.settings import Settings
@@ -105,6 +106,26 @@ def test_peak_hold_never_below_recent_peak():
     assert set(FORECASTERS) >= {"last", "trend", "seasonal", "peak"}
 
 
+def test_rise_room_is_the_largest_rise_within_the_windows_and_unbounded_before_the_history_spans_them():
+    assert rise_room([1.0, 2.0, 3.0, 10.0, 2.0, 1.0, 1.0, 1.0], 3) == 9.0
+    assert rise_room([1.0, 5.0, 9.0], 1) == 4.0  # 1 -> 9 spans two windows
+    assert rise_room([20.0, 18.0, 15.0, 12.0, 9.0], 3) == 0.0  # a fall is no rise
+    assert rise_room([5.0, 9.0], 3) == float("inf")  # too short a past to know
+
+
+def test_the_peak_hold_follows_a_falling_level_one_horizons_rise_above_it_and_holds_a_bursts_peak():
+    held = Seasonal(horizon=5, peak_window=30, hold_rise_room=True)
+    descent = [2.0 + 0.5 * i for i in range(30)] + [16.5 - 0.5 * i for i in range(25)]  # a day's rise and fall
+    now = descent[-1]
+    assert Seasonal(horizon=5, peak_window=30)(descent, now) == 16.5  # the whole peak
+    assert held(descent, now) == pytest.approx(now + 2.5)  # the rise of 5 windows, over the rate now
+    h = bursts(120)  # 5-min bursts of 12 req/s over 2, every 30 min
+    trough = h[-10:]
+    assert max(trough) < 4.0
+    assert held(h, 2.0) == pytest.approx(Seasonal(horizon=5, peak_window=30)(h, 2.0), rel=0.1)
+    assert held(h, 2.0) > 11.0
+
+
 def test_the_step_looks_as_far_ahead_as_capacity_takes_to_start():
     cat = load_catalog().subset(["mistral-7b"])
     tr = load_spec("gen:poisson:rate=1,hours=0.05", seed=0)
@@ -120,12 +141,13 @@ def test_the_step_looks_as_far_ahead_as_capacity_takes_to_start():
 
 def test_the_peak_forecaster_holds_the_highest_rate_of_peak_hold_s():
     cat = load_catalog().subset(["mistral-7b"])
-    history = [9.0] + [2.0] * 40  # a peak 41 windows (minutes) ago, then quiet
+    history = [2.0] * 5 + [9.0] + [2.0] * 40  # a burst 41 windows (minutes) ago, then quiet
     held = forecaster_for(cat, Settings(forecaster="peak", peak_hold_s=3600.0))
     short = forecaster_for(cat, Settings(forecaster="peak", peak_hold_s=1800.0))
     assert held(history, 2.0) == 9.0  # within the hour
     assert short(history, 2.0) < 3.0  # past 30 min: the trend on a flat history, about the rate
     assert short([2.0] * 20 + [9.0] + [2.0] * 9, 2.0) == 9.0
+    assert held([9.0] + [2.0] * 40, 2.0) < 2.01  # a fall from 9 with no climb seen: a level, not a burst
     assert forecaster_for(cat, Settings(forecaster="seasonal", peak_hold_s=60.0))(history, 2.0) < 3.0  # no hold
     with pytest.raises(ValueError, match=r"Settings\.peak_hold_s must be > 0"):
         Settings(peak_hold_s=0)
