@@ -287,8 +287,8 @@ def _with_burst_room(demands: Mapping[str, Demand], signals: Mapping[str, ModelS
     above what the arrivals could climb back to within one forecast horizon: the rate now (plus two Poisson
     deviations of its window) plus the history's largest rise in that long (Settings.hold_rise_room). The
     floor of a level that has fallen follows it, as the peak hold does. Both ends are read on the same
-    clock-aligned windows: a minute-long burst split across two of them shows half its height in each,
-    and against the floor's busiest 60 s of any alignment it read as a level that had fallen."""
+    clock-aligned windows: a minute-long burst split across two of them shows half its height in each, and
+    read against the floor's busiest 60 s of any alignment it would look like a level that had fallen."""
     out = dict(demands)
     if not cfg.hold_rise_room:
         return out
