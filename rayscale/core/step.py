@@ -300,7 +300,7 @@ def _with_burst_room(demands: Mapping[str, Demand], signals: Mapping[str, ModelS
             continue
         busiest = max(sig.rate_history[-replayed:])
         now = sig.arrival_rate_rps
-        room = now + 2.0 * math.sqrt(now / max(cfg.window_s, 1e-9)) + rise_room(sig.rate_history, windows)
+        room = _could_be_arriving(now, cfg.window_s) + rise_room(sig.rate_history, windows)
         if room < busiest:
             out[name] = replace(d, burst_rps=d.burst_rps * room / busiest)
     return out
@@ -340,6 +340,12 @@ def _rising(d: Demand, sig: ModelSignals | None, cfg: Settings) -> float | None:
     return level if d.rps > level * (1.0 + rise) else None
 
 
+def _could_be_arriving(rate: float, window_s: float) -> float:
+    """The highest rate the arrivals could have now, read as ``rate`` over ``window_s``: two Poisson standard
+    deviations above it."""
+    return rate + 2.0 * math.sqrt(rate / max(window_s, 1e-9))
+
+
 def _sustained_rate(sig: ModelSignals | None, window_s: float, history_window_s: float,
                     rate_window_s: float) -> float | None:
     """The arrival rate sustained over the last ``window_s`` and still arriving: the mean of the rate
@@ -354,7 +360,7 @@ def _sustained_rate(sig: ModelSignals | None, window_s: float, history_window_s:
     recent = sig.rate_history[-max(1, round(window_s / history_window_s)):]
     if not recent:
         return now
-    return min(statistics.fmean(recent), now + 2.0 * math.sqrt(now / max(rate_window_s, 1e-9)))
+    return min(statistics.fmean(recent), _could_be_arriving(now, rate_window_s))
 
 
 def _with_history(ctx: StepContext) -> tuple[dict[str, ModelSignals], dict[str, tuple[float, ...]],
