@@ -177,6 +177,9 @@ def _planner_variants(s: Settings) -> dict[str, Settings]:
         "scale-down moves for a 5% saving": replace(s, planner=replace(pl, scale_down_move_saving=0.05)),
         "scale-down moves for any saving": replace(s, planner=replace(pl, scale_down_move_saving=0.0)),
         "no moves while steady": replace(s, planner=replace(pl, steady_moves=False)),
+        # A 30-s reading above the hour's busiest minute and burst rate (EstimateSettings.current_within_busiest_minute).
+        "rate now within the hour's busiest minute": replace(s, estimate=replace(
+            s.estimate, current_within_busiest_minute=True)),
         # A flavor deployment of one replica counted at what it serves alone (PlannerSettings.alone_capacity;
         # tune_alone.md ran it as the shipped settings, against "one replica counted pooled").
         "one replica counted alone": replace(s, planner=replace(pl, alone_capacity=True)),
@@ -273,6 +276,18 @@ def rows_from_log(text: str) -> list[dict[str, Any]]:
             for m in map(_LINE.match, text.splitlines()) if m]
 
 
+def verdict_of(rows: list[dict[str, Any]], cases: list[int]) -> tuple[dict[str, str], str]:
+    """Per variant why it was (not) chosen, and the report's verdict line; without the shipped settings' rows
+    (a --no-shipped run) the rule cannot be applied, and the line says so."""
+    if not any(r["variant"] == SHIPPED for r in rows):
+        return {}, "**No shipped rows: the rule was not applied** (join them from another run's log with --from-log)."
+    best, why = choose(rows, cases)
+    if why.get(best, "").startswith("chosen"):
+        return why, f"**Chosen: {best}.**"
+    return why, (f"**Chosen: {best}.** No variant meets the rule on every dev trace, the shipped settings included ("
+                 f"{why.get(best, '')}): they stay, and the shortfall is reported as such.")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -298,13 +313,10 @@ def main() -> int:
             rows = list(pool.map(one, *zip(*jobs, strict=True)))
     how = (f"rule applied to the rows printed in {args.from_log}" if args.from_log
            else f"{time.perf_counter() - t0:.0f} s on {args.jobs} processes")
-    best, why = choose(rows, cases)
-    verdict = "" if why.get(best, "").startswith("chosen") else (
-        " No variant meets the rule on every dev trace, the shipped settings included (" + why.get(best, "") +
-        "): they stay, and the shortfall is reported as such.")
+    why, verdict = verdict_of(rows, cases)
     command = " ".join(["python -m bench.tune", *(shlex.quote(a) for a in sys.argv[1:])])
     text = (f"# Tuning the shipped settings on the dev split\n\n{machine()}; `{command}` ({how}); model {MODEL}, shipped "
-            "catalog, on-demand only.\n\n" + __doc__.split("\n\n", 2)[2] + f"\n**Chosen: {best}.**{verdict}\n\n```\n"
+            "catalog, on-demand only.\n\n" + __doc__.split("\n\n", 2)[2] + f"\n{verdict}\n\n```\n"
             + table(rows, cases, why) + "\n```\n")
     Path(args.out).write_text(text)
     print(text)

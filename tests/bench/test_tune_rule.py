@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.tune import SHIPPED, choose
+from bench.tune import SHIPPED, choose, verdict_of
 
 
 def _rows(variant: str, slo: dict[int, float], usd: float) -> list[dict[str, Any]]:
@@ -50,3 +50,10 @@ def test_at_equal_cost_a_from_cold_gain_where_shipped_misses_99_ships_unless_it_
     # A gain where shipped already meets 99% from cold is no reason to change.
     met = _with_cold(_rows(SHIPPED, {0: 0.995}, 10.0), {0: 0.991})
     assert choose(met + _with_cold(_rows("gain", {0: 0.995}, 10.0), {0: 0.999}), [0])[0] == SHIPPED
+
+
+def test_rows_without_the_shipped_settings_get_no_verdict_instead_of_an_error() -> None:
+    why, line = verdict_of(_rows("other", {0: 0.995}, 10.0), [0])
+    assert why == {} and "not applied" in line
+    why, line = verdict_of(_rows(SHIPPED, {0: 0.995}, 10.0) + _rows("other", {0: 0.995}, 8.0), [0])
+    assert line == "**Chosen: other.**" and why["other"] == "chosen"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rayscale.config import load_catalog
 from rayscale.core.burst import BURST_BUDGET_SHARE, burst_rate, missed_share
 from rayscale.core.catalog import Catalog, RequestMixSpec
-from rayscale.core.estimate import EstimateSettings, drain_rps, estimate, tpot_at
+from rayscale.core.estimate import Demand, EstimateSettings, drain_rps, estimate, tpot_at
 from rayscale.core.plan import plan
 from rayscale.core.signals import Freshness, ModelSignals, RequestMix
 
@@ -211,3 +211,27 @@ def test_sharpness_reads_a_minute_long_burst_as_a_level_wherever_it_starts() -> 
         counts[start:start + 12] = 40.0
     got = sharpness(counts, 5.0, burst_rate(counts, 5.0, 2.0, 0.995))
     assert 0.9 < got < 1.2
+
+
+def test_a_reading_within_a_burst_orders_no_more_than_the_hours_busiest_minute() -> None:
+    # 5 req/s with a 30-s burst of 12 every 10 min, the last one under way: the 30-s reading says 12, any
+    # minute of the hour at most 8.5. A level that has lasted a minute shows in the busiest minute.
+    cat = load_catalog().subset(["mistral-7b"])
+    mix = RequestMix(1000, 200, 2000)
+    bursts = np.full(HOUR, 5.0 * BIN)
+    for end in range(HOUR, 0, -120):
+        bursts[end - 6:end] = 12.0 * BIN
+    level = np.full(HOUR, 5.0 * BIN)
+    level[-12:] = 12.0 * BIN
+    capped = EstimateSettings(burst_floor=True, current_within_busiest_minute=True)
+
+    def demand(counts: np.ndarray, settings: EstimateSettings) -> Demand:
+        sig = ModelSignals("mistral-7b", Freshness.FRESH, 0.0, 12.0, mix, arrival_counts=tuple(counts),
+                           arrival_bin_s=BIN)
+        return estimate(cat, {"mistral-7b": sig}, settings=settings)["mistral-7b"]
+
+    assert demand(bursts, EstimateSettings(burst_floor=True)).rps == pytest.approx(12.0)
+    d = demand(bursts, capped)
+    assert d.rps == pytest.approx(max(8.5, d.burst_rps)) and d.rps < 12.0
+    assert "within the hour's busiest minute" in d.reason
+    assert demand(level, capped).rps == pytest.approx(12.0)
