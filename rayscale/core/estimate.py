@@ -447,7 +447,9 @@ class EstimateSettings:
     # minute (which holds this moment) or the burst rate the floor sizes for, whichever is larger: a reading
     # above both is a burst the floor already holds replicas for, and capacity ordered for it lands a
     # start-up after it ended (dev minute bursts: a sixth L40S for 16 min after one 30-s reading of 11 req/s
-    # where the busiest minute held 8.7). A new level shows in the busiest minute within a minute.
+    # where the busiest minute held 8.7). A new level shows in the busiest minute within a minute. Off as
+    # shipped: 4% less on those bursts, but Azure code x3 cost 1.4% more at 99.12% (was 99.26%), 0.1% less
+    # summed over dev (bench/results/tune_busiest_minute.md).
     current_within_busiest_minute: bool = False
 
     def __post_init__(self) -> None:
