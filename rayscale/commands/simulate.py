@@ -97,9 +97,10 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=["fluid", "iteration"], default="fluid",
                    help="engine model: fluid (per-tick fluid model, the default, fast) or iteration (vLLM's scheduler "
                         "one engine iteration at a time: what bench/fidelity.py checks against real vLLM)")
-    p.add_argument("--routing", choices=["flavor-weights", "least-loaded"], default=None,
+    p.add_argument("--routing", choices=["flavor-weights", "flavor-two-choices", "least-loaded"], default=None,
                    help="flavor-weights (as rayscale's ingress: a flavor drawn by its routing weight, then that "
-                        "flavor's least-loaded replica; the default) or least-loaded (one queue, each request to "
+                        "flavor's least-loaded replica; the default), flavor-two-choices (two flavors drawn by "
+                        "weight, the one with fewer requests in flight per unit of weight taken) or least-loaded (one queue, each request to "
                         "the least-loaded replica of any flavor; the iteration engine's only routing)")
 
 

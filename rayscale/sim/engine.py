@@ -95,7 +95,8 @@ def p95(x: npt.NDArray[np.floating[Any]] | npt.NDArray[np.integer[Any]]) -> floa
 
 
 ENGINE_MODELS = ("fluid", "iteration")
-ROUTINGS = ("least-loaded", "flavor-weights")
+ROUTINGS = ("least-loaded", "flavor-weights", "flavor-two-choices")
+BY_FLAVOR = ("flavor-weights", "flavor-two-choices")  # routings that go through the ingress's flavor weights
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,12 @@ class EngineConfig:
     # Serve application spanning several accelerator flavors does; on a mixed fleet it hands the slower
     # flavor as many running requests as the faster one (an L40S with an inf2 beside it met 95.4% of
     # 2,000-token prompts at 2 req/s, where the L40S alone met 99.1% and the weighted split 99.5%).
+    # "flavor-two-choices": a candidate ingress, not the one rayscale ships: as "flavor-weights", but each
+    # request draws two distinct flavors in proportion to their weights and takes the one with fewer requests
+    # in flight (running or waiting on it) per unit of weight, the power of two choices Serve's router makes
+    # between the replicas of one deployment (ray/serve/_private/request_router/pow_2_router.py), made between
+    # flavors, so that a flavor whose queue has built takes less. On the 72B day it met 99.95-99.98% on four
+    # seeds of five at 4.5% less, and 93.75% on the fifth (bench/results/routing_two_choices.md).
     # None: flavor-weights, least-loaded for the iteration model (one flavor in bench.fidelity).
     routing: str | None = None
 
@@ -354,26 +361,25 @@ def _route(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_run: I64,
 @numba.njit(cache=True, nogil=True)
 def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16],
                     r_run: I64, r_slots: I64, r_kv: I64, r_kvcap: I64, kv: I64, never: float, flavor_w: F64,
-                    slotted: npt.NDArray[np.bool_], u: F64, u_slot: F64, req_flavor: npt.NDArray[np.int16],
+                    slotted: npt.NDArray[np.bool_], u: F64, u2: F64, u_slot: F64, req_flavor: npt.NDArray[np.int16],
                     req_rep: I64, admitted: npt.NDArray[np.bool_], out_req: I64, out_rep: I64,
                     out_failed: I64) -> tuple[int, int, int]:
-    """Queued requests i..end-1 (those not ``admitted`` yet), each to the flavor it drew (``req_flavor``;
-    drawn with its ``u`` in proportion to ``flavor_w`` over the flavors with a live replica, uniformly where
-    those weigh nothing, and drawn again if its flavor has none left), then FIFO within that flavor to its
-    least-loaded live replica with a free slot and KV room. A ``slotted`` flavor's replicas are one Serve
-    deployment each (a multi-node flavor's gang slots): a request drawn to one takes the live replica it has
-    fewest requests on, running or waiting (``req_rep``; the ingress's rayscale.serve.weights.pick_route),
-    and waits for that one, FIFO behind the others that took it. A flavor whose next request finds none takes
-    no more this pass; the others go on. A request no replica can ever hold fails. Returns (new queue head,
-    admitted, failed); the requests and replicas in out_req / out_rep, the failed in out_failed."""
+    """Queued requests i..end-1 (those not ``admitted`` yet), each to the flavor it drew (``req_flavor``: by
+    ``u`` and ``u2`` in proportion to ``flavor_w`` over the flavors with a live replica, uniformly where those
+    weigh nothing, the one of two with fewer requests per unit of weight, _chosen; drawn again if its flavor
+    has none left), then FIFO within that flavor to its least-loaded live replica with a free slot and KV
+    room. A ``slotted`` flavor's replicas (a multi-node flavor's gang slots) are one Serve deployment each: a
+    request takes the live one it has fewest requests on, running or waiting (``req_rep``; as pick_route), and
+    waits for it. A flavor whose next request finds none takes no more this pass. A request no replica can
+    ever hold fails. Returns (queue head, admitted, failed); the requests and replicas in out_req / out_rep."""
     live_w, n_live, total = _live_weights(nr, r_state, r_flavor, flavor_w)
-    head, k, nf = i, 0, 0
+    head, k, nf, n_blocked = i, 0, 0, 0
     if n_live == 0:
         return head, k, nf
     n_reps, full = _live_counts(nr, r_state, r_flavor, len(flavor_w)), np.zeros(len(flavor_w), dtype=np.int64)
     blocked, waiting = np.zeros(len(flavor_w), dtype=np.bool_), np.zeros(nr, dtype=np.bool_)
     on = _waiting_on(i, end, nr, r_state, admitted, req_rep)
-    n_blocked = 0
+    load = _flavor_load(i, end, nr, r_state, r_flavor, r_run, admitted, req_flavor, len(flavor_w))
     for j in range(i, end):
         if admitted[j]:
             continue
@@ -387,8 +393,9 @@ def _route_weighted(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_
             continue
         f = req_flavor[j]
         if f < 0 or live_w[f] < 0:
-            f = _drawn_flavor(u[j], live_w, total, n_live)
+            f = _chosen(u[j], u2[j], live_w, total, n_live, load)
             req_flavor[j] = f
+            load[f] += 1
         if blocked[f]:
             continue
         if slotted[f]:
@@ -449,6 +456,43 @@ def _waiting_on(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], admitt
         if not admitted[j] and r >= 0 and r_state[r] == LIVE:
             out[r] += 1
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _flavor_load(i: int, end: int, nr: int, r_state: npt.NDArray[np.int8], r_flavor: npt.NDArray[np.int16],
+                 r_run: I64, admitted: npt.NDArray[np.bool_], req_flavor: npt.NDArray[np.int16], n_flavors: int) -> I64:
+    """Per flavor index, the requests in flight on it: running on its live replicas, and of i..end-1 those not
+    admitted yet that drew it."""
+    out = np.zeros(n_flavors, dtype=np.int64)
+    for r in range(nr):
+        if r_state[r] == LIVE:
+            out[r_flavor[r]] += r_run[r]
+    for j in range(i, end):
+        if not admitted[j] and req_flavor[j] >= 0:
+            out[req_flavor[j]] += 1
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _chosen(u1: float, u2: float, live_w: F64, total: float, n_live: int, load: I64) -> int:
+    """The flavor ``u1`` draws (_drawn_flavor), f1, or a second one ``u2`` draws in proportion to weight among
+    the others (two distinct choices, as Serve's power-of-two router samples two distinct replicas), whichever
+    has fewer requests in flight per unit of weight counting this one (f1 among equals; by count alone where
+    no flavor weighs anything). f1 where ``u2`` is ``u1`` (the plain weighted draw), where it is the only live
+    flavor, or where the others weigh nothing."""
+    f1 = _drawn_flavor(u1, live_w, total, n_live)
+    others = 0.0
+    for g in range(len(live_w)):
+        if g != f1 and live_w[g] > 0:
+            others += live_w[g]
+    if u1 == u2 or n_live < 2 or (total > 0 and others <= 0):
+        return f1
+    w1 = live_w[f1]
+    live_w[f1] = -1.0
+    f2 = _drawn_flavor(u2, live_w, others, n_live - 1)
+    live_w[f1] = w1
+    a, b = (live_w[f1], live_w[f2]) if total > 0 else (1.0, 1.0)
+    return f2 if (load[f2] + 1) * a < (load[f1] + 1) * b else f1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -582,10 +626,14 @@ class Engine:
         # request's draw and flavor, and which requests past q_head were admitted out of order.
         self.flavor_w: F64 | None = None
         self.slotted: npt.NDArray[np.bool_] | None = None
-        if cfg.routing == "flavor-weights":
+        if cfg.routing in BY_FLAVOR:
             rng = np.random.default_rng(seed)
             self._u = rng.random(n)
             self._u_slot = rng.random(n)
+            # The second draw of two choices, from its own stream so that the first stays what it was; one
+            # draw (the same twice) is the plain weighted draw.
+            two = cfg.routing == "flavor-two-choices"
+            self._u2 = np.random.default_rng([seed, 2]).random(n) if two else self._u
             self._req_flavor = np.full(n, -1, dtype=np.int16)
             self._req_rep = np.full(n, -1, dtype=np.int64)
             self._admitted = np.zeros(n, dtype=np.bool_)
@@ -694,7 +742,7 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        if self.cfg.routing == "flavor-weights":
+        if self.cfg.routing in BY_FLAVOR:
             return int(np.count_nonzero(~self._admitted[self.q_head : self.arrived]))
         return self.arrived - self.q_head
 
@@ -798,7 +846,7 @@ class Engine:
         n = end - i0
         rep, failed = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
         never = float(self.never_fit) if self.never_fit is not None else math.inf
-        if self.cfg.routing == "flavor-weights":
+        if self.cfg.routing in BY_FLAVOR:
             self._admit_weighted(i0, end, never, rep, failed, T)
             return
         i, k, nf = _route(i0, end, self.nr, self.r_state, self.r_run, self.r_slots, self.r_kv, self.r_kvcap,
@@ -826,7 +874,7 @@ class Engine:
         req = np.empty(end - i0, dtype=np.int64)
         self.q_head, k, nf = _route_weighted(i0, end, self.nr, self.r_state, self.r_flavor, self.r_run,
                                              self.r_slots, self.r_kv, self.r_kvcap, self._kv, never, w, slotted,
-                                             self._u, self._u_slot, self._req_flavor, self._req_rep,
+                                             self._u, self._u2, self._u_slot, self._req_flavor, self._req_rep,
                                              self._admitted, req, rep, failed)
         if nf:
             f = failed[:nf]

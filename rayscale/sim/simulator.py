@@ -27,7 +27,7 @@ from rayscale.core.settings import Settings
 from rayscale.core.signals import FlavorObservation, Freshness, ModelSignals, RequestMix, length_quantiles
 from rayscale.sim.capacity import CapacitySettings
 from rayscale.sim.cloud import CloudConfig, CloudTotals, Cluster
-from rayscale.sim.engine import DONE, FAILED, STOPPED, EngineConfig, make_engine, p95
+from rayscale.sim.engine import BY_FLAVOR, DONE, FAILED, STOPPED, EngineConfig, make_engine, p95
 from rayscale.sim.policies import OraclePolicy, Policy, make_policy, window_mix
 from rayscale.sim.trace import Trace
 
@@ -299,11 +299,11 @@ class Simulation:
         return per_flavor
 
     def _route(self) -> None:
-        """With EngineConfig.routing "flavor-weights", the engine routes by the weights the policy's ingress
-        would hold: the policy's own (Policy.flavor_weights; rayscale's are the controller's), else each
+        """With a routing by flavor (EngineConfig.routing, engine.BY_FLAVOR), the engine routes by the weights
+        the policy's ingress would hold: the policy's own (Policy.flavor_weights; rayscale's are the controller's), else each
         flavor's live replicas times the estimator's per-replica capacity for the trace's mix, the formula of
         rayscale.core.route.flavor_weights."""
-        if self.cfg.engine.routing != "flavor-weights":
+        if self.cfg.engine.routing not in BY_FLAVOR:
             return
         w = self.policy.flavor_weights(self)
         if w is None:

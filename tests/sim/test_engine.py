@@ -232,18 +232,30 @@ WEIGHTED = EngineConfig(routing="flavor-weights")
 SLOW = CAT.profile("mistral-7b", "inf2")
 
 
-def _weighted(arr, weights, flavors=(0, 1), slot_cap=None, until=60.0, prompt=100, output=20, seed=0):
+def _weighted(arr, weights, flavors=(0, 1), slot_cap=None, until=60.0, prompt=100, output=20, seed=0,
+              cfg=WEIGHTED, slot_caps=None):
     """An engine routing by flavor weights over one replica per flavor index in ``flavors``."""
     n = len(arr)
-    e = Engine(np.asarray(arr, float), np.full(n, prompt), np.full(n, output), WEIGHTED, seed=seed)
+    e = Engine(np.asarray(arr, float), np.full(n, prompt), np.full(n, output), cfg, seed=seed)
     for f in flavors:
-        e.add_replica(PROF if f == 0 else SLOW, f, slot_cap)
+        e.add_replica(PROF if f == 0 else SLOW, f, slot_caps[f] if slot_caps else slot_cap)
     e.set_flavor_weights(weights)
     t = 0.0
     while t < until and (e.in_flight or e.waiting or e.arrived < n):
-        e.step(t, WEIGHTED.tick_s)
-        t += WEIGHTED.tick_s
+        e.step(t, cfg.tick_s)
+        t += cfg.tick_s
     return e
+
+
+def test_two_choices_send_less_to_a_flavor_whose_queue_has_built():
+    # Flavor 1 runs one request at a time and its queue builds: the weighted draw still sends it half, two
+    # choices (the ingress's pick_route) send it less as its requests in flight pile up.
+    arr = np.arange(300) * 0.2
+    share = {cfg.routing: np.mean(_weighted(arr, [1.0, 1.0], until=900.0, output=200, cfg=cfg,
+                                            slot_caps={0: None, 1: 1}).flavor_of == 1)
+             for cfg in (WEIGHTED, EngineConfig(routing="flavor-two-choices"))}
+    assert 0.4 < share["flavor-weights"] < 0.6
+    assert share["flavor-two-choices"] < 0.3
 
 
 def test_weighted_routing_splits_by_weight_not_by_load():
@@ -281,9 +293,10 @@ def test_a_full_flavor_queues_its_own_requests_only():
     assert e.waiting == (drew == 1).sum() - 1
 
 
-def test_weighted_routing_is_the_central_queue_for_one_flavor():
+@pytest.mark.parametrize("routing", ["flavor-weights", "flavor-two-choices"])
+def test_weighted_routing_is_the_central_queue_for_one_flavor(routing):
     arr = np.sort(np.random.default_rng(3).uniform(0, 30, 300))
-    a = _weighted(arr, [1.0], flavors=(0,), until=120.0)
+    a = _weighted(arr, [1.0], flavors=(0,), until=120.0, cfg=EngineConfig(routing=routing))
     b = run(arr, [100] * 300, [20] * 300, until=120.0)
     assert np.array_equal(a.ttft, b.ttft) and np.array_equal(a.tpot, b.tpot)
 
