@@ -118,6 +118,10 @@ def _feedback_variants(s: Settings) -> dict[str, Settings]:
         # A relaxed factor returns to 1 once the record holds 1.5x the allowed misses (restore_below).
         "feedback restores 1 at 1.5x the misses": replace(s, feedback=replace(fb, restore_below=-0.5)),
         "feedback trims the burst floor to 0.75": replace(s, feedback=replace(fb, burst_floor_min_factor=0.75)),
+        # Shipped since tune_floor_goal.md: a record below the goal leaves the burst floor whole while the factor
+        # climbs back to 1 (FeedbackSettings.floor_trim_below_goal); this variant trims it then too.
+        "burst floor trimmed while the record is below the goal": replace(s, feedback=replace(
+            fb, floor_trim_below_goal=True)),
         "feedback max 1.25": replace(s, feedback=replace(fb, max_factor=1.25)),
         "feedback 60 min": replace(s, feedback=replace(fb, time_constant_s=3600.0)),
         "feedback relaxes a young record": replace(s, feedback=replace(fb, relax_after_s=0.0)),

@@ -243,7 +243,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
                    signals: Mapping[str, ModelSignals]) -> dict[str, Demand]:
     """Each sized demand times its model's SLO feedback factor (rayscale.core.feedback); its burst floor
     too when the factor is above 1, or below it (to ``burst_floor_min_factor`` at most) with
-    ``relax_burst_floor`` and a record as old as the floor's arrivals. Below 1, never below the arrivals of
+    ``relax_burst_floor`` and a record as old as the floor's arrivals (and at the goal, without
+    ``floor_trim_below_goal``). Below 1, never below the arrivals of
     the last ``floor_window_s`` (``_sustained_rate``), and while the demand rises above the peak hold's level
     (``_rising``) only on that level (``rise_trims_held``; else not at all), its burst floor untrimmed, and
     a scale-down keeps capacity for the demand untrimmed (``rise_keeps_untrimmed``, as ``Demand.rise_rps``).
@@ -257,7 +258,8 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             continue
         factor = rec.factor
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
-        covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
+        covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s \
+            and (cfg.feedback.floor_trim_below_goal or rec.attainment >= cfg.estimate.attainment)
         burst = max(factor, cfg.feedback.burst_floor_min_factor) if factor > 1.0 or covers else 1.0
         rps = d.rps * factor
         level = _rising(d, signals.get(name), cfg) if factor < 1.0 else None

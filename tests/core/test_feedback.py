@@ -254,6 +254,20 @@ def test_a_relaxed_factor_trims_the_burst_floor_only_once_its_record_spans_the_f
     assert got.burst_rps == pytest.approx(burst)
 
 
+@pytest.mark.parametrize(("trim_below_goal", "burst"), [(True, 40.0), (False, 50.0)])
+def test_a_record_below_the_goal_may_leave_the_burst_floor_whole(trim_below_goal: bool, burst: float) -> None:
+    """A relaxed factor that a record of misses has not yet brought back to 1 trims the demand still, and the
+    burst floor only with ``floor_trim_below_goal``: the misses that took the record under the goal were the
+    bursts the trimmed floor let through."""
+    d = Demand("mistral-7b", DemandState.OK, 10.0, MIX, burst_rps=50.0)
+    cfg = Settings(feedback=replace(FB, floor_trim_below_goal=trim_below_goal))
+    below = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.96, 0.8)}, cfg, 0.0, {})["mistral-7b"]
+    assert below.rps == pytest.approx(8.0)
+    assert below.burst_rps == pytest.approx(burst)
+    at_goal = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.995, 0.8)}, cfg, 0.0, {})["mistral-7b"]
+    assert at_goal.burst_rps == pytest.approx(40.0)
+
+
 def test_the_record_keeps_when_it_started() -> None:
     first = delivered(None, _sig(300.0, 1.0), 30.0, 100.0, GOAL, FB)
     assert first is not None and first.age_s(100.0) == 0.0
