@@ -100,8 +100,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing", choices=["flavor-weights", "flavor-two-choices", "least-loaded"], default=None,
                    help="flavor-weights (as rayscale's ingress: a flavor drawn by its routing weight, then that "
                         "flavor's least-loaded replica; the default), flavor-two-choices (two flavors drawn by "
-                        "weight, the one with fewer requests in flight per unit of weight taken) or least-loaded (one queue, each request to "
-                        "the least-loaded replica of any flavor; the iteration engine's only routing)")
+                        "weight, the one with fewer requests in flight per unit of weight taken; not the "
+                        "ingress's) or least-loaded (one queue, each request to the least-loaded replica of any "
+                        "flavor; the iteration engine's only routing)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -300,9 +300,9 @@ class Simulation:
 
     def _route(self) -> None:
         """With a routing by flavor (EngineConfig.routing, engine.BY_FLAVOR), the engine routes by the weights
-        the policy's ingress would hold: the policy's own (Policy.flavor_weights; rayscale's are the controller's), else each
-        flavor's live replicas times the estimator's per-replica capacity for the trace's mix, the formula of
-        rayscale.core.route.flavor_weights."""
+        the policy's ingress would hold: the policy's own (Policy.flavor_weights; rayscale's are the
+        controller's), else each flavor's live replicas times the estimator's per-replica capacity for the
+        trace's mix, the formula of rayscale.core.route.flavor_weights."""
         if self.cfg.engine.routing not in BY_FLAVOR:
             return
         w = self.policy.flavor_weights(self)
