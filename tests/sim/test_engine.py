@@ -248,8 +248,9 @@ def _weighted(arr, weights, flavors=(0, 1), slot_cap=None, until=60.0, prompt=10
 
 
 def test_two_choices_send_less_to_a_flavor_whose_queue_has_built():
-    # Flavor 1 runs one request at a time and its queue builds: the weighted draw still sends it half, two
-    # choices (the ingress's pick_route) send it less as its requests in flight pile up.
+    # Flavor 1 runs one request at a time and its queue builds: the weighted draw (the ingress's pick_route)
+    # still sends it half; two choices, a candidate the ingress does not ship, send it less as its requests
+    # in flight pile up.
     arr = np.arange(300) * 0.2
     share = {cfg.routing: np.mean(_weighted(arr, [1.0, 1.0], until=900.0, output=200, cfg=cfg,
                                             slot_caps={0: None, 1: 1}).flavor_of == 1)
