@@ -725,6 +725,7 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
     for name, sig in signals.items():
         if name not in catalog.models or not sig.usable or sig.mix is None:
             continue
+        shares = traffic_shares(sig.per_flavor)
         for flavor, obs in sig.per_flavor.items():
             if flavor not in catalog.models[name].parallelism or obs.replicas <= 0:
                 continue
@@ -739,8 +740,7 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
             if obs.running_max_replica is not None:
                 batch = max(batch, obs.running_max_replica)
             if obs.tpot_p95_s is not None and sig.arrival_rate_rps is not None:
-                share = obs.replicas / max(sum(o.replicas for o in sig.per_flavor.values()), 1)
-                little = sig.arrival_rate_rps * share / obs.replicas * mix.output_mean * obs.tpot_p95_s
+                little = sig.arrival_rate_rps * shares[flavor] / obs.replicas * mix.output_mean * obs.tpot_p95_s
                 batch = max(batch, little)
             # TTFT: the profile predicts prefill, not queueing. Compare the engine's own prefill time
             # (scheduled -> first token) with the mean prompt's when it is reported; otherwise TTFT p95,
@@ -766,6 +766,21 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
         out[k] = previous.get(k, Correction()).updated(ttft_obs, ttft_pred, tpot_obs, tpot_pred,
                                                        smoothing=smoothing, observed_kv=held[0], predicted_kv=held[1])
     return out
+
+
+def traffic_shares(per_flavor: Mapping[str, FlavorObservation]) -> dict[str, float]:
+    """Each flavor's share of a model's arrivals over the window: of the requests that finished where every
+    flavor counts them, else of the replicas. The ingress weighs flavors by capacity, so one L40S beside one
+    A100 takes under a third of a 72B model's requests, not half: by replicas the L40S was put at twice the
+    batch it ran, its TPOT read 0.75x the profile's, and the plan counted 0.75 req/s (at 80% utilisation)
+    where the simulated engine sustains 0.64 in a pool and 0.50 alone (the 72B day, seed 2: it queued on KV
+    at 0.6 and the day met 98.06%; bench/results/traffic_shares.md)."""
+    done = [o.completed for o in per_flavor.values()]
+    total = sum(d for d in done if d is not None)
+    if total > 0 and all(d is not None for d in done):
+        return {f: (o.completed or 0.0) / total for f, o in per_flavor.items()}
+    replicas = max(sum(o.replicas for o in per_flavor.values()), 1)
+    return {f: o.replicas / replicas for f, o in per_flavor.items()}
 
 
 def _kv_held(profile: Profile, obs: FlavorObservation, min_sequences: float) -> float | None:

@@ -177,6 +177,31 @@ def test_batch_for_the_correction_follows_littles_law_not_the_instant_gauge() ->
     assert c[("mistral-7b", "a10g")].tpot == pytest.approx(1.0, abs=0.02)
 
 
+def test_the_batch_for_the_correction_takes_the_flavors_share_of_requests_not_of_replicas() -> None:
+    """One a10g beside one l40s that takes twice its requests (the ingress weighs flavors by capacity): each
+    ran at its own batch, so a profile that is exact there reads a correction of 1 on both; counted by
+    replicas (half each) the a10g's batch would read 1.5x what it ran, and its TPOT as faster than the
+    profile's."""
+    cat = load_catalog()
+    slo = cat.models["mistral-7b"].slo
+    rate, runs = 6.0, {"a10g": 1.0 / 3, "l40s": 2.0 / 3}
+    obs = {}
+    for flavor, share in runs.items():
+        prof = cat.profile("mistral-7b", flavor)
+        batch = 10.0  # a fixed point: the batch Little's law gives at the TPOT p95 the profile predicts there
+        for _ in range(50):
+            batch = rate * share * MIX.output_mean * tpot_p95_at(prof, slo, MIX, batch)
+        obs[flavor] = FlavorObservation(replicas=1, running_per_replica=0.0, completed=60 * share,
+                                        tpot_p95_s=tpot_p95_at(prof, slo, MIX, batch))
+    sig = ModelSignals("mistral-7b", Freshness.FRESH, 1.0, rate, MIX, per_flavor=obs)
+    c = update_corrections(cat, {"mistral-7b": sig}, {}, smoothing=1.0)
+    assert c[("mistral-7b", "a10g")].tpot == pytest.approx(1.0, abs=0.02)
+    assert c[("mistral-7b", "l40s")].tpot == pytest.approx(1.0, abs=0.02)
+    unknown = {f: replace(o, completed=None) for f, o in obs.items()}  # no counts: by replicas, as before
+    by_replicas = update_corrections(cat, {"mistral-7b": replace(sig, per_flavor=unknown)}, {}, smoothing=1.0)
+    assert by_replicas[("mistral-7b", "a10g")].tpot < 0.97
+
+
 def test_a_pessimistic_correction_never_zeroes_a_feasible_flavor() -> None:
     slo = SLO(ttft_p95_s=2, tpot_p95_s=0.1)
     assert replica_capacity(PROF, slo, MIX).feasible
