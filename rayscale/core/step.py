@@ -258,9 +258,11 @@ def _with_feedback(demands: Mapping[str, Demand], record: Mapping[str, Delivered
             continue
         factor = rec.factor
         why = f"{d.reason}; x{factor:.2f} for the {100 * rec.attainment:.2f}% of requests meeting the SLO"
-        covers = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s \
-            and (cfg.feedback.floor_trim_below_goal or rec.attainment >= cfg.estimate.attainment)
+        aged = cfg.feedback.relax_burst_floor and rec.age_s(now) >= cfg.burst_history_s
+        covers = aged and (cfg.feedback.floor_trim_below_goal or rec.attainment >= cfg.estimate.attainment)
         burst = max(factor, cfg.feedback.burst_floor_min_factor) if factor > 1.0 or covers else 1.0
+        if factor < 1.0 and aged and not covers and d.burst_rps > 0:
+            why += ", burst floor whole: the record is below the goal"
         rps = d.rps * factor
         level = _rising(d, signals.get(name), cfg) if factor < 1.0 else None
         if level is not None:

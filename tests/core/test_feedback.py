@@ -264,6 +264,7 @@ def test_a_record_below_the_goal_may_leave_the_burst_floor_whole(trim_below_goal
     below = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.96, 0.8)}, cfg, 0.0, {})["mistral-7b"]
     assert below.rps == pytest.approx(8.0)
     assert below.burst_rps == pytest.approx(burst)
+    assert ("burst floor whole" in below.reason) is (not trim_below_goal)  # the decision log says why
     at_goal = _with_feedback({"mistral-7b": d}, {"mistral-7b": _record(0.995, 0.8)}, cfg, 0.0, {})["mistral-7b"]
     assert at_goal.burst_rps == pytest.approx(40.0)
 
