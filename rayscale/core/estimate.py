@@ -771,10 +771,9 @@ def update_corrections(catalog: Catalog, signals: dict[str, ModelSignals],
 def traffic_shares(per_flavor: Mapping[str, FlavorObservation]) -> dict[str, float]:
     """Each flavor's share of a model's arrivals over the window: of the requests that finished where every
     flavor counts them, else of the replicas. The ingress weighs flavors by capacity, so one L40S beside one
-    A100 takes under a third of a 72B model's requests, not half: by replicas the L40S was put at twice the
-    batch it ran, its TPOT read 0.75x the profile's, and the plan counted 0.75 req/s (at 80% utilisation)
-    where the simulated engine sustains 0.64 in a pool and 0.50 alone (the 72B day, seed 2: it queued on KV
-    at 0.6 and the day met 98.06%; bench/results/traffic_shares.md)."""
+    A100 takes under a third of a 72B model's requests, not half: counted by replicas, the L40S's batch reads
+    twice what it ran, its TPOT faster than its profile, and the plan over-counts it (1.45x what a pool of
+    them sustains on the 72B day; bench/results/traffic_shares.md)."""
     done = [o.completed for o in per_flavor.values()]
     total = sum(d for d in done if d is not None)
     if total > 0 and all(d is not None for d in done):
