@@ -19,8 +19,10 @@ demo: install
 
 # Two pytest sessions: the e2e controller tests drive their own cluster of `ray start` nodes, while the
 # rest share one in-process Ray cluster and one vLLM engine (a process joins one Ray cluster at a time).
+# In the first, one worker runs every test of that cluster and the other the files that need none
+# (tests/conftest.py groups them).
 test: install
-	$(BIN)/python -m pytest -q --durations=15 --ignore=tests/e2e
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15 --ignore=tests/e2e
 	$(BIN)/python -m pytest -q --durations=15 tests/e2e
 
 lint: install

@@ -27,6 +27,16 @@ from rayscale_testing.waits import wait_for  # also re-exported to tests
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback.
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n 2 --dist loadgroup`` (the Makefile's): every test of the shared Ray cluster runs in
+    one worker, so the session still starts one cluster and one vLLM engine, while whole files of the rest
+    (simulations, planners, the Kubernetes emulator) run beside it in the other."""
+    for item in items:
+        group = "ray" if "ray_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,12 +56,28 @@ def rayscale_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
         os.environ["RAYSCALE_CACHE_DIR"] = old
 
 
+def _one_worker_owns_the_cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under xdist, the first worker to start the shared cluster claims it; a second one fails loudly rather
+    than start another cluster and vLLM engine beside it (the xdist_group of its tests was lost)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    claim = tmp_path_factory.getbasetemp().parent / "ray-cluster-worker"
+    try:
+        with open(claim, "x") as f:
+            f.write(worker)
+    except FileExistsError:
+        raise RuntimeError(f"worker {worker} needs the shared Ray cluster, which {claim.read_text()} runs: "
+                           "the tests' xdist_group 'ray' was not honoured (see pyproject's pytest pin)") from None
+
+
 @pytest.fixture(scope="session")
-def ray_cluster(rayscale_cache_dir: Path) -> Iterator[Any]:
+def ray_cluster(rayscale_cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local Ray cluster: head only (CPU), own temp dir, fast metrics export; torn down at the end."""
     import ray
     from ray.cluster_utils import Cluster
 
+    _one_worker_owns_the_cluster(tmp_path_factory)
     temp_dir = tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp")
     # Ray's address file, vLLM's scratch files and sockets all land in this dir (inherited by workers),
     # so parallel sessions on one machine do not collide and cleanup is one rmtree.

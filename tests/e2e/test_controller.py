@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,33 +28,13 @@ from rayscale.core.act import ActSettings, GangPhase
 from rayscale.core.estimate import EstimateSettings
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.settings import Settings
-from rayscale.loadgen import LoadGenConfig, replay
 from rayscale.serve.weights import set_flavor_weights
 from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
-from rayscale.sim.trace import LengthDist, poisson
 from tests.e2e.conftest import APP, MODEL, local_catalog, wait_for
+from tests.e2e.load import Background, SteadyLoad, errors, load
 
 DEP = (MODEL, "a10g")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(url: str, rate: float, duration_s: float, seed: int) -> Any:
-    trace = poisson(rate, duration_s, seed=seed, prompt=LengthDist(100, 0.3, 50, 200),
-                    output=LengthDist(32, 0.0, 32, 32))
-    return replay(trace, LoadGenConfig(base_url=url, model=MODEL, max_output_tokens=32, progress=False,
-                                       request_timeout_s=60, seed=seed))
-
-
-class Background:
-    def __init__(self, fn: Any) -> None:
-        self.result: Any = None
-        self.t = threading.Thread(target=lambda: setattr(self, "result", fn()), daemon=True)
-        self.t.start()
-
-    def join(self, timeout_s: float) -> Any:
-        self.t.join(timeout_s)
-        assert not self.t.is_alive(), "load replay did not finish in time"
-        return self.result
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +71,7 @@ def _ready_gangs(ctl: Controller) -> list[Any]:
 
 def test_min_replicas_first_gang_then_serves(ctl: Controller, serve_url: str) -> None:
     wait_for(lambda: len(_ready_gangs(ctl)) == 1 and _serve(ctl) == (1, 1), 180, "the first gang and replica")
-    r = _load(serve_url, 1.0, 5.0, seed=1)
+    r = load(serve_url, 1.0, 5.0, seed=1)
     assert r.summary.errors == 0, r.summary.table()
 
 
@@ -100,15 +79,18 @@ def test_load_step_adds_nodes_and_serves_through_them(ctl: Controller, serve_url
     # The min_replicas gang; the light load of the test before may already have ordered a second (with the
     # engines' metrics not scraped yet, the ingress's in-flight requests count as backlog).
     before = {min(_ready_gangs(ctl), key=lambda g: g.created_s).name}
-    bg = Background(lambda: _load(serve_url, 3.0, 60.0, seed=2))
-    wait_for(lambda: _serve(ctl)[0] >= 2 and len(_ready_gangs(ctl)) >= 2, 120, "a scale-up to 2+ replicas")
-    new = {g.name for g in _ready_gangs(ctl)} - before
-    assert new, "the scale-up must run on a new gang"
-    new_nodes = {n for g in ctl.gangs() if g.name in new for n in g.node_ids}
-    # Serve placed a replica on the new gang's node and requests reached it (per-replica metrics).
-    wait_for(lambda: any(ctl.serve.snapshot().per_node.get(n, 0) for n in new_nodes), 60, "a replica on the new node")
-    res = bg.join(180)
-    assert res.summary.errors == 0, res.summary.table()
+    steady = SteadyLoad(serve_url, 3.0, seed=2, max_s=180.0)
+    try:
+        wait_for(lambda: _serve(ctl)[0] >= 2 and len(_ready_gangs(ctl)) >= 2, 120, "a scale-up to 2+ replicas")
+        new = {g.name for g in _ready_gangs(ctl)} - before
+        assert new, "the scale-up must run on a new gang"
+        new_nodes = {n for g in ctl.gangs() if g.name in new for n in g.node_ids}
+        # Serve placed a replica on the new gang's node and requests reached it (per-replica metrics).
+        wait_for(lambda: any(ctl.serve.snapshot().per_node.get(n, 0) for n in new_nodes), 60,
+                 "a replica on the new node")
+    finally:
+        requests, failed, table = errors(steady.stop())
+    assert failed == 0 and requests > 10, table
     # The controller's own metrics: its Prometheus endpoint and, through Ray, the dashboard's.
     import httpx
 
@@ -129,7 +111,7 @@ def test_load_step_adds_nodes_and_serves_through_them(ctl: Controller, serve_url
 def test_metrics_down_holds_capacity_then_drains_without_dropping(ctl: Controller, serve_url: str) -> None:
     # Load keeps demand up; then the metrics source goes away while the load ends: the controller is
     # blind to the drop and must hold what runs (a zero-load reading would scale down).
-    bg0 = Background(lambda: _load(serve_url, 3.0, 25.0, seed=4))
+    bg0 = Background(lambda: load(serve_url, 3.0, 25.0, seed=4))
     wait_for(lambda: _serve(ctl)[0] >= 2, 90, "replicas for the load")
     time.sleep(8.0)
     n_before = _serve(ctl)[0]
@@ -147,12 +129,14 @@ def test_metrics_down_holds_capacity_then_drains_without_dropping(ctl: Controlle
         assert any("stale" in json.dumps(r.plan) for r in held), "decision records must say why capacity is held"
     finally:
         ctl.scraper.endpoints = good  # a failure here must not leave the next test's controller blind
-    # Metrics back, low steady load: the controller drains replicas first, then releases their nodes,
-    # and every request (streams included) completes.
-    bg = Background(lambda: _load(serve_url, 0.3, 60.0, seed=3))
-    wait_for(lambda: _serve(ctl) == (1, 1) and len(ctl.gangs()) == 1, 150, "drain back to one replica and gang")
-    res = bg.join(180)
-    assert res.summary.errors == 0 and res.summary.requests > 5, res.summary.table()
+    # Metrics back, a trickle (one request every 3 s) until the drain ends: the controller drains replicas
+    # first, then releases their nodes, and every request (streams included) completes.
+    trickle = SteadyLoad(serve_url, 0.0, seed=3, every_s=3.0, max_s=180.0)
+    try:
+        wait_for(lambda: _serve(ctl) == (1, 1) and len(ctl.gangs()) == 1, 150, "drain back to one replica and gang")
+    finally:
+        requests, failed, table = errors(trickle.stop())
+    assert failed == 0 and requests >= 5, table
     # Drain first, then release: every gang that was ready (it may host a replica) goes only after Serve
     # was lowered. A gang still pending when the plan shrinks never hosted one and may go at once.
     lowered, released = False, []

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +25,8 @@ from rayscale_testing.waits import wait_for
 
 from rayscale.cluster.local import LocalCluster, LocalClusterConfig
 from rayscale.config import load_catalog
-from rayscale.loadgen import LoadGenConfig, replay
-from rayscale.sim.trace import LengthDist, poisson
 from tests.e2e.conftest import NODE_IP, free_port
+from tests.e2e.load import SteadyLoad, errors
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "deployments" / "local-emulated"
@@ -131,21 +129,14 @@ def test_llm_config_served_and_scaled_by_the_controller(world: dict[str, Any]) -
     # Metrics are Ray's: the replica's reach the node's exporter some seconds after it serves, and until the
     # controller reads them it holds (missing metrics are not zero load). Load before that would go unseen.
     _wait(world, lambda: _fresh(world["dir"]), 180, "the controller to read the replica's metrics")
-    # ~3 req/s where one replica serves ~1: the controller adds nodes and replicas. The load lasts until a new
-    # replica can run: on two busy cores a node and a replica start took over 90 s, and once the load ends the
-    # controller rightly lets the new capacity go.
-    trace = poisson(3.0, 180.0, seed=5, prompt=LengthDist(100, 0.3, 50, 200), output=LengthDist(32, 0.0, 32, 32))
-    box: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: box.setdefault("res", replay(trace, LoadGenConfig(
-        base_url=url, model=MODEL, max_output_tokens=32, progress=False, request_timeout_s=90, seed=5))))
-    t.start()
+    # ~3 req/s where one replica serves ~1: the controller adds nodes and replicas. The load lasts until a
+    # second replica runs, however long a node and a replica take to start on two busy cores.
+    steady = SteadyLoad(url, 3.0, seed=5, max_s=330.0)
     try:
         _wait(world, lambda: _running(world) >= 2, 300, "a second replica running")
     finally:
-        t.join(360)
-    assert not t.is_alive(), "the load replay did not finish"
-    res = box["res"]
-    assert res.summary.errors == 0, res.summary.table()
+        requests, failed, table = errors(steady.stop())
+    assert failed == 0 and requests > 10, table
     ups = [a for r in _records(d) for a in r.get("actions", []) if a.get("type") == "CreateGang"]
     assert len(ups) >= 2, _why(world)
     nodes = [n for n in world["cluster"].nodes() if not n.is_head]

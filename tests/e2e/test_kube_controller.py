@@ -37,12 +37,10 @@ from rayscale.core.catalog import Catalog
 from rayscale.core.estimate import EstimateSettings
 from rayscale.core.plan import PlannerSettings
 from rayscale.core.settings import Settings
-from rayscale.loadgen import LoadGenConfig, replay
 from rayscale.serve.weights import set_flavor_weights
 from rayscale.signals.scrape import MetricsScraper, ray_metrics_endpoints
-from rayscale.sim.trace import Trace
 from tests.e2e.conftest import APP, MODEL, local_catalog, wait_for
-from tests.e2e.test_controller import Background, _load
+from tests.e2e.load import SteadyLoad, errors, load
 from tests.k8s.kubeworld import NS, RC, install_manifests
 
 FLAVOR = "a10g"
@@ -289,50 +287,6 @@ def world(cluster: LocalCluster, serve_url: str, tmp_path_factory: pytest.TempPa
             (kubelet.errors, karpenter.errors, kuberay.errors)
 
 
-class SteadyLoad:
-    """Load until ``stop()`` (at most ``max_s``): a replay started every ``every_s`` seconds, on schedule, so
-    the rate stays steady while one replay's slow requests still finish. It lasts exactly as long as a step
-    needs, however long replicas take to start on a busy machine.
-
-    ``rate`` > 0: Poisson arrivals at ``rate`` (replays of ``every_s`` each). ``rate`` = 0: a trickle, one
-    request per ``every_s``: at most one in any window shorter than that, so it never reads as a rise."""
-
-    def __init__(self, url: str, rate: float, seed: int, every_s: float = 10.0, max_s: float = 300.0) -> None:
-        self._stop = threading.Event()
-        self.chunks: list[Background] = []
-
-        def chunk(i: int) -> Any:
-            if rate > 0:
-                return _load(url, rate, every_s, seed=seed * 1000 + i)
-            one = Trace.from_arrays([0.0], [100], [32], name="trickle")
-            return replay(one, LoadGenConfig(base_url=url, model=MODEL, max_output_tokens=32, progress=False,
-                                             request_timeout_s=60, seed=seed * 1000 + i))
-
-        def run() -> None:
-            end = time.monotonic() + max_s
-            i = 0
-            while not self._stop.is_set() and time.monotonic() < end:
-                self.chunks.append(Background(lambda i=i: chunk(i)))
-                i += 1
-                self._stop.wait(every_s)
-
-        self._t = threading.Thread(target=run, daemon=True)
-        self._t.start()
-
-    def stop(self, timeout_s: float = 180.0) -> list[Any]:
-        """Stop sending; the results of every replay, once all their requests are done."""
-        self._stop.set()
-        self._t.join(30)
-        return [c.join(timeout_s) for c in self.chunks]
-
-
-def _errors(results: list[Any]) -> tuple[int, int, str]:
-    """(requests, errors, the first failing chunk's table)."""
-    bad = [r.summary.table() for r in results if r.summary.errors]
-    return (sum(r.summary.requests for r in results), sum(r.summary.errors for r in results),
-            bad[0] if bad else "")
-
-
 def _wait(w: KubeWorld, predicate: Any, timeout_s: float, what: str) -> Any:
     """wait_for, and on a timeout the state of every layer (gangs, pods, Ray nodes, Serve replicas)."""
     try:
@@ -366,7 +320,7 @@ def test_min_replicas_first_gang_through_kubernetes(world: KubeWorld, serve_url:
     assert w.cluster.address.startswith("127.0.0.2:")  # the head and the GCS stay where they were
     # Serve's replica runs on that node, and requests are served there.
     _wait(w, lambda: w.running_on(ip), 90, f"the Serve replica RUNNING on {ip}")
-    r = _load(serve_url, 1.0, 5.0, seed=11)
+    r = load(serve_url, 1.0, 5.0, seed=11)
     assert r.summary.errors == 0 and r.summary.requests >= 3, r.summary.table()
     _wait(w, lambda: _served_on(ip) > 0, 30, f"requests served by the engine on {ip}")
 
@@ -374,7 +328,7 @@ def test_min_replicas_first_gang_through_kubernetes(world: KubeWorld, serve_url:
 def test_load_step_adds_a_gang_and_serves_through_it(world: KubeWorld, serve_url: str) -> None:
     w = world
     before = {g.name for g in w.ready()}
-    load = SteadyLoad(serve_url, 3.0, seed=12)
+    steady = SteadyLoad(serve_url, 3.0, seed=12)
     try:
         _wait(w, lambda: len(w.ready()) >= 2 and _serve(w)[0] >= 2, 150, "a second gang and replica")
         new = [g for g in w.ready() if g.name not in before]
@@ -399,8 +353,8 @@ def test_load_step_adds_a_gang_and_serves_through_it(world: KubeWorld, serve_url
         # The step ends: a trickle goes on, so the scale-down that follows drains under live traffic.
         w.trickle = SteadyLoad(serve_url, 0.0, seed=13, every_s=15.0)
         w.step_end = (time.monotonic(), len(w.ctl.records), len(w.kuberay.deleted_pods))
-        requests, errors, table = _errors(load.stop())
-    assert errors == 0 and requests > 30, table
+        requests, failed, table = errors(steady.stop())
+    assert failed == 0 and requests > 30, table
     assert w.group()["replicas"] >= 2
     ups = [a for rec in w.ctl.records for a in rec.actions if a["type"] == "CreateGang"]
     assert len(ups) >= 2 and all("plan wants" in a["reason"] for a in ups)
@@ -421,9 +375,9 @@ def test_load_ends_drain_then_release(world: KubeWorld) -> None:
     try:
         _wait(w, settled, 180, "drain back to one replica and one gang, the others released")
     finally:
-        requests, errors, table = _errors(w.trickle.stop())
+        requests, failed, table = errors(w.trickle.stop())
         w.trickle = None
-    assert errors == 0 and requests >= 1, table  # nothing failed while replicas drained and gangs went
+    assert failed == 0 and requests >= 1, table  # nothing failed while replicas drained and gangs went
     (kept,) = w.ready()
     records = w.ctl.records[r0:]
     # The gangs that served when the step ended, and their pods then: what the drain is about. (The
