@@ -8,8 +8,7 @@ from typing import Any
 
 from rayscale.loadgen import LoadGenConfig, ReplayResult, replay
 from rayscale.sim.trace import LengthDist, Trace, poisson
-
-MODEL = "mistral-7b"
+from tests.e2e.conftest import MODEL
 
 
 def load(url: str, rate: float, duration_s: float, seed: int, model: str = MODEL) -> ReplayResult:
