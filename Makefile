@@ -19,11 +19,11 @@ demo: install
 
 # Two pytest sessions: the e2e controller tests drive their own cluster of `ray start` nodes, while the
 # rest share one in-process Ray cluster and one vLLM engine (a process joins one Ray cluster at a time).
-# In the first, one worker runs every test of that cluster and the other the files that need none
-# (tests/conftest.py groups them).
+# In each, one worker runs every test of the shared cluster and the other the rest beside it: in the first the
+# files that need no cluster, in the second test_from_config on a cluster of its own (tests/conftest.py).
 test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15 --ignore=tests/e2e
-	$(BIN)/python -m pytest -q --durations=15 tests/e2e
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15 tests/e2e
 
 lint: install
 	$(BIN)/ruff check rayscale tests bench testing

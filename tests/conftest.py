@@ -33,8 +33,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     one worker, so the session still starts one cluster and one vLLM engine, while whole files of the rest
     (simulations, planners, the Kubernetes emulator) run beside it in the other."""
     for item in items:
-        group = "ray" if "ray_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item)))
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """The cluster a test shares, else its file. In the e2e session, the tests of the `ray start` cluster
+    (tests/e2e/conftest.py's ``cluster``) share one worker; test_from_config starts its own beside them."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "ray_cluster" in fixtures:
+        return "ray"
+    if item.path.parent.name == "e2e" and "cluster" in fixtures:
+        return "e2e-cluster"
+    return item.nodeid.split("::")[0]
 
 
 def free_port() -> int:
