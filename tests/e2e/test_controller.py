@@ -65,12 +65,19 @@ def _serve(ctl: Controller) -> tuple[int, int]:
     return s.target.get(DEP, 0), s.running.get(DEP, 0)
 
 
+def _serving(ctl: Controller) -> int:
+    return ctl.serve.snapshot().serving.get(DEP, 0)
+
+
 def _ready_gangs(ctl: Controller) -> list[Any]:
     return [g for g in ctl.gangs() if g.phase == GangPhase.READY]
 
 
 def test_min_replicas_first_gang_then_serves(ctl: Controller, serve_url: str) -> None:
     wait_for(lambda: len(_ready_gangs(ctl)) == 1 and _serve(ctl) == (1, 1), 180, "the first gang and replica")
+    # Running is not serving: the engine inside may still be starting (a minute on two busy cores), and the
+    # ingress holds requests for it no longer than a load's timeout.
+    wait_for(lambda: _serving(ctl) == 1, 180, "the first replica serving")
     r = load(serve_url, 1.0, 5.0, seed=1)
     assert r.summary.errors == 0, r.summary.table()
 
