@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,8 @@ from typing import Any
 import httpx
 import pytest
 from rayscale_testing.waits import wait_for  # also re-exported to tests
+
+from rayscale.cluster.local import free_port  # also re-exported to tests
 
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback.
 
@@ -47,10 +48,6 @@ def _xdist_group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

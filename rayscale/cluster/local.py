@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -171,10 +172,21 @@ class LocalNode:
         return self.state not in ("DEAD", "EXITED")
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
+# Ports for the nodes' servers come from below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by
+# default) and above Ray's worker ports (10002-19999). A port the kernel hands out for ``bind(0)`` and released
+# goes back to that range, where every outgoing connection and every Ray process of another cluster on the
+# machine (a second test worker's) draws its own: one of them may hold it before `ray start` binds it.
+PICKED_PORTS = range(20000, 32000)
+
+
+def free_port() -> int:
+    """A port no socket on any address holds now, picked at random from PICKED_PORTS."""
+    rnd = random.SystemRandom()
+    for _ in range(200):
+        port = rnd.choice(PICKED_PORTS)
+        if _port_free("", port):
+            return port
+    raise LocalClusterError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1} after 200 tries")
 
 
 def _port_free(ip: str, port: int) -> bool:
@@ -296,13 +308,13 @@ class LocalCluster:
             self._cleanup_root()
         self.root.mkdir(parents=True, exist_ok=True)
         ip = self.config.node_ip
-        port = _free_port(ip)
+        port = free_port()
         self.address = f"{ip}:{port}"
-        args = ["--head", f"--port={port}", f"--ray-client-server-port={_free_port(ip)}"]
+        args = ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}"]
         if self.config.include_dashboard:
             dport = self.config.dashboard_port
             if dport is None or not _port_free(ip, dport):
-                dport = _free_port(ip)
+                dport = free_port()
             args += ["--include-dashboard=true", f"--dashboard-host={ip}", f"--dashboard-port={dport}"]
             self.dashboard_url = f"http://{ip}:{dport}"
         else:

@@ -8,20 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from rayscale.cluster.local import free_port  # re-exported to the probes
+
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from rayscale_testing.waits import wait_for
 
 from rayscale.autoscale_demo import app_args, local_stand_in_catalog
-from rayscale.cluster.local import LocalCluster, LocalClusterConfig
+from rayscale.cluster.local import LocalCluster, LocalClusterConfig, free_port
 from rayscale.core.catalog import Catalog
 
 NODE_IP = "127.0.0.2"
@@ -29,10 +28,6 @@ APP = "rayscale"
 MODEL = "mistral-7b"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((NODE_IP, 0))
-        return int(s.getsockname()[1])
 
 
 def serve_http_url(dashboard_url: str) -> str:

@@ -110,7 +110,9 @@ def zero_app(ray_cluster: Any, serve_url: str) -> Iterator[str]:
         st = serve.status().applications.get(APP)
         return st is not None and st.status == ApplicationStatus.RUNNING
 
-    wait_for(running, 120, "the readiness app to run")
+    # Three replicas start Python workers at once; beside the other test worker on two cores that took over
+    # two minutes once.
+    wait_for(running, 300, "the readiness app to run")
     _scale(ray_cluster, 0)
 
     def at_zero() -> bool:
