@@ -22,8 +22,9 @@ import psutil
 import pytest
 from rayscale_testing.waits import wait_for
 
+from rayscale.cluster import local as local_cluster
 from rayscale.cluster.actuator import LABEL_CREATED, LABEL_GANG, LABEL_MODEL, LABEL_OWNER, LABEL_SIZE, OWNER
-from rayscale.cluster.local import PAUSE_ENV, LocalCluster, LocalClusterConfig, LocalClusterError
+from rayscale.cluster.local import PAUSE_ENV, LocalCluster, LocalClusterConfig, LocalClusterError, free_port
 from rayscale.cluster.local_actuator import LocalActuator, LocalActuatorConfig
 from rayscale.cluster.ray_drain import GcsDrainer, RayDrainError
 from rayscale.core.act import CreateGang, GangPhase
@@ -371,3 +372,21 @@ def test_gcs_drainer_names_an_unreachable_gcs_and_asks_anew() -> None:
     with pytest.raises(RayDrainError, match="Failed to connect to GCS"):
         drainer.drain("rc", ["127.0.0.9"], "rayscale drain g")
     assert drainer._clients == {}
+
+
+def test_free_ports_come_from_outside_the_kernels_ephemeral_range_and_skip_held_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    for _ in range(20):
+        port = free_port()
+        assert port in local_cluster.PICKED_PORTS and not lo <= port <= hi
+        with socket.socket() as s:
+            s.bind(("127.0.0.2", port))
+    with socket.socket() as held:
+        held.bind(("127.0.0.2", 0))
+        taken = held.getsockname()[1]
+        monkeypatch.setattr(local_cluster, "PICKED_PORTS", range(taken, taken + 2))
+        assert {free_port() for _ in range(10)} == {taken + 1}
+        monkeypatch.setattr(local_cluster, "PICKED_PORTS", range(taken, taken + 1))
+        with pytest.raises(LocalClusterError, match="no free port"):
+            free_port()
