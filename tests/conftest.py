@@ -48,8 +48,6 @@ def _xdist_group(item: pytest.Item) -> str:
     return item.nodeid.split("::")[0]
 
 
-
-
 @pytest.fixture(scope="session")
 def rayscale_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Where the builtin tiny model is written; every Ray worker inherits it via the environment."""

@@ -18,8 +18,6 @@ from rayscale.cluster.local import free_port  # re-exported to the probes
 NODE_IP = "127.0.0.2"  # Ray rewrites 127.0.0.1 to the machine address; 127.0.0.2 stays loopback
 
 
-
-
 @contextmanager
 def own_temp_dir(prefix: str) -> Iterator[str]:
     """A temp dir for Ray (RAY_TMPDIR, TMPDIR) for the rest of this process, removed at the end."""

@@ -28,8 +28,6 @@ APP = "rayscale"
 MODEL = "mistral-7b"
 
 
-
-
 def serve_http_url(dashboard_url: str) -> str:
     """Serve's HTTP proxy as it runs. ``serve.start`` keeps the proxy of a Serve an earlier test started
     and ignores new http_options, so the address comes from Serve's REST API, not from what was asked."""
