@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -83,15 +82,9 @@ class Step:
 
 
 def _port(ip: str, preferred: int) -> int:
-    with socket.socket() as s:
-        try:
-            s.bind((ip, preferred))
-            return preferred
-        except OSError:
-            pass
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
+    from rayscale.cluster.local import free_port, port_free
+
+    return preferred if port_free(ip, preferred) else free_port()
 
 
 def demo_trace(cfg: DemoConfig, out: Callable[[str], None]) -> Any:

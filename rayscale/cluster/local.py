@@ -184,12 +184,12 @@ def free_port() -> int:
     rnd = random.SystemRandom()
     for _ in range(200):
         port = rnd.choice(PICKED_PORTS)
-        if _port_free("", port):
+        if port_free("", port):
             return port
     raise LocalClusterError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1} after 200 tries")
 
 
-def _port_free(ip: str, port: int) -> bool:
+def port_free(ip: str, port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind((ip, port))
@@ -313,7 +313,7 @@ class LocalCluster:
         args = ["--head", f"--port={port}", f"--ray-client-server-port={free_port()}"]
         if self.config.include_dashboard:
             dport = self.config.dashboard_port
-            if dport is None or not _port_free(ip, dport):
+            if dport is None or not port_free(ip, dport):
                 dport = free_port()
             args += ["--include-dashboard=true", f"--dashboard-host={ip}", f"--dashboard-port={dport}"]
             self.dashboard_url = f"http://{ip}:{dport}"
